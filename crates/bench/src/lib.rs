@@ -1,0 +1,1 @@
+//! lanemq-bench
