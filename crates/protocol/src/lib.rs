@@ -15,5 +15,5 @@ mod packets;
 pub mod reason;
 pub mod topic;
 
-pub use codec::{decode, encode, encoded_len, DecodeError};
+pub use codec::{decode, encode, encoded_len, peek_fixed_header, DecodeError};
 pub use packets::*;
