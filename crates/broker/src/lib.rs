@@ -1,1 +1,18 @@
-//! lanemq-broker
+//! lanemq broker core: listeners, connections, sessions, router, retained messages, wills and
+//! the QoS flows of MQTT 3.1.1 and 5.0.
+//!
+//! Start a server with [`Server::start`]; stop it with [`Server::shutdown`] (DISCONNECT 0x8B to
+//! every MQTT 5 client, flush, bounded grace period).
+
+pub mod broker;
+pub mod config;
+pub mod connection;
+pub mod listener;
+pub mod message;
+pub mod router;
+pub mod session;
+pub mod sys;
+
+pub use broker::Broker;
+pub use config::{Config, ConfigErrors, ListenerConfig, ListenerKind, DEFAULT_CONFIG_TOML};
+pub use listener::Server;

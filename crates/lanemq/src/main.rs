@@ -1,1 +1,165 @@
-fn main() {}
+//! The `lanemq` binary: `serve`, `generate-config`, `check-config`, `bench`.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use lanemq_broker::{Config, Server, DEFAULT_CONFIG_TOML};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tracing::{info, warn};
+
+#[derive(Parser)]
+#[command(
+    name = "lanemq",
+    version,
+    about = "MQTT 5 broker with durable named streams and lite-topic lanes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker (with no flags and no file: 127.0.0.1:1883, embedded default config).
+    Serve(ServeArgs),
+    /// Print the commented default configuration (etc/lanemq.toml).
+    GenerateConfig,
+    /// Check a configuration file; prints every error and exits non-zero if there is any.
+    CheckConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+    /// Load generator: publishers and subscribers against an MQTT broker.
+    Bench(lanemq_bench::BenchOpts),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Configuration file (TOML). Without it the embedded default is used.
+    #[arg(long, short, env = "LANEMQ_CONFIG")]
+    config: Option<PathBuf>,
+    /// Replace the listeners with one plain MQTT listener on this address.
+    #[arg(long, env = "LANEMQ_MQTT")]
+    mqtt: Option<SocketAddr>,
+    /// Data directory (overrides server.data_dir).
+    #[arg(long, env = "LANEMQ_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Accept clients without credentials (overrides server.allow_anonymous).
+    #[arg(long)]
+    allow_anonymous: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::GenerateConfig => {
+            print!("{DEFAULT_CONFIG_TOML}");
+            Ok(())
+        }
+        Command::CheckConfig { file } => check_config(&file),
+        Command::Serve(args) => serve(args),
+        Command::Bench(opts) => bench(opts),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lanemq: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: Option<&Path>) -> Result<Config> {
+    let text = match path {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?
+        }
+        None => DEFAULT_CONFIG_TOML.to_string(),
+    };
+    let origin = path.map_or_else(
+        || "embedded default".to_string(),
+        |p| p.display().to_string(),
+    );
+    Config::from_toml(&text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))
+}
+
+fn check_config(file: &Path) -> Result<()> {
+    load_config(Some(file))?;
+    println!("{}: ok", file.display());
+    Ok(())
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    init_tracing();
+    let mut config = load_config(args.config.as_deref())?;
+    if let Some(addr) = args.mqtt {
+        config.listeners = vec![lanemq_broker::ListenerConfig {
+            bind: addr,
+            ..Default::default()
+        }];
+    }
+    if let Some(dir) = args.data_dir {
+        config.server.data_dir = dir;
+    }
+    if args.allow_anonymous {
+        config.server.allow_anonymous = true;
+    }
+    config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("lanemq")
+        .build()
+        .context("cannot start the runtime")?;
+    runtime.block_on(async move {
+        let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+        let server = Server::start(config)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        info!(version = env!("CARGO_PKG_VERSION"), addrs = ?server.local_addrs(), "lanemq ready");
+        wait_for_signal().await?;
+        info!(
+            grace_ms = grace.as_millis() as u64,
+            "shutting down (a second signal quits at once)"
+        );
+        tokio::select! {
+            _ = server.shutdown(grace) => {}
+            _ = wait_for_signal() => {
+                warn!("second signal: quitting now");
+                std::process::exit(130);
+            }
+        }
+        info!("stopped");
+        Ok::<(), anyhow::Error>(())
+    })?;
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+fn bench(opts: lanemq_bench::BenchOpts) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(lanemq_bench::run(opts))?;
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! Broker configuration: the typed form of `etc/lanemq.toml`.
+//!
+//! Every key has a default, so an empty file is a valid configuration; unknown keys are
+//! rejected (`deny_unknown_fields`), and [`Config::validate`] reports every semantic error at
+//! once, before anything starts. Names carry their unit (`_ms`, `_s`, `_bytes`).
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The commented default configuration, embedded in the binary (`lanemq generate-config`).
+pub const DEFAULT_CONFIG_TOML: &str = include_str!("../../../etc/lanemq.toml");
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub listeners: Vec<ListenerConfig>,
+    pub mqtt: MqttConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerConfig::default(),
+            listeners: vec![ListenerConfig::default()],
+            mqtt: MqttConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Where the durable log and index live.
+    pub data_dir: PathBuf,
+    /// Accept clients that present no username/password.
+    pub allow_anonymous: bool,
+    /// How long a graceful shutdown may take before connections are dropped.
+    pub shutdown_grace_ms: u64,
+    /// Interval of the `$SYS/broker/...` publications (0 disables them).
+    pub sys_interval_s: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            data_dir: PathBuf::from("data"),
+            allow_anonymous: true,
+            shutdown_grace_ms: 5_000,
+            sys_interval_s: 10,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerKind {
+    /// MQTT over plain TCP.
+    Tcp,
+    /// MQTT over TLS (rustls).
+    Tls,
+    /// MQTT over WebSocket (path `/mqtt`, subprotocol `mqtt`).
+    Ws,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    #[serde(default = "default_kind")]
+    pub kind: ListenerKind,
+    pub bind: SocketAddr,
+    /// PEM certificate chain (TLS listeners).
+    #[serde(default)]
+    pub cert_path: Option<PathBuf>,
+    /// PEM private key (TLS listeners).
+    #[serde(default)]
+    pub key_path: Option<PathBuf>,
+    /// HTTP path of a WebSocket listener.
+    #[serde(default = "default_ws_path")]
+    pub path: String,
+}
+
+fn default_kind() -> ListenerKind {
+    ListenerKind::Tcp
+}
+fn default_ws_path() -> String {
+    "/mqtt".to_string()
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        ListenerConfig {
+            kind: ListenerKind::Tcp,
+            bind: SocketAddr::from(([127, 0, 0, 1], 1883)),
+            cert_path: None,
+            key_path: None,
+            path: default_ws_path(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MqttConfig {
+    /// Connections beyond this are refused (CONNACK 0x97 / 0x03).
+    pub max_connections: usize,
+    /// Largest packet accepted from a client, in bytes (announced as Maximum Packet Size).
+    pub max_packet_size_bytes: u32,
+    /// Receive Maximum announced to clients: unacknowledged inbound QoS 1/2 PUBLISH allowed.
+    pub receive_maximum: u16,
+    /// Cap on outbound unacknowledged QoS 1/2 PUBLISH per session (also bounded by the client's Receive Maximum).
+    pub max_inflight_messages: u16,
+    /// Messages queued per session beyond the inflight window (online or offline).
+    pub max_queued_messages: usize,
+    /// Bytes a connection may have waiting to be written before QoS 0 is dropped and a slow
+    /// consumer of QoS 1/2 is disconnected (0x97).
+    pub outbound_buffer_bytes_max: usize,
+    /// A client must send CONNECT within this time.
+    pub connect_timeout_ms: u64,
+    /// If set, overrides the client's keep alive (Server Keep Alive in CONNACK).
+    pub server_keep_alive_s: Option<u16>,
+    /// Largest keep alive accepted; larger requests are lowered through Server Keep Alive (MQTT 5).
+    pub max_keep_alive_s: u16,
+    /// Topic Alias Maximum announced to clients (client to server aliases); 0 disables.
+    pub topic_alias_max: u16,
+    /// Use topic aliases towards clients that allow them (server to client aliases).
+    pub outbound_topic_aliases: bool,
+    /// Largest Session Expiry Interval granted, in seconds (u32::MAX = never expire).
+    pub max_session_expiry_s: u32,
+    /// Highest QoS the broker accepts and grants (0..=2).
+    pub maximum_qos: u8,
+    pub retain_available: bool,
+    /// Filters on which SUBSCRIBE is refused with 0x87 (a simple allow-list-free deny list, used
+    /// for conformance testing; full ACL files come with the ACL engine).
+    pub deny_subscribe: Vec<String>,
+    /// Response Information returned when a client asks for it; `{client_id}` is substituted.
+    pub response_information: Option<String>,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig {
+            max_connections: 100_000,
+            max_packet_size_bytes: 1024 * 1024,
+            receive_maximum: 1024,
+            max_inflight_messages: 1024,
+            max_queued_messages: 100_000,
+            outbound_buffer_bytes_max: 8 * 1024 * 1024,
+            connect_timeout_ms: 10_000,
+            server_keep_alive_s: None,
+            max_keep_alive_s: u16::MAX,
+            topic_alias_max: 64,
+            outbound_topic_aliases: true,
+            max_session_expiry_s: u32::MAX,
+            maximum_qos: 2,
+            retain_available: true,
+            deny_subscribe: Vec::new(),
+            response_information: None,
+        }
+    }
+}
+
+/// Every problem found in a configuration, reported together.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl Config {
+    /// Parse TOML and validate; all errors at once.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigErrors> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigErrors(vec![e.to_string()]))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        let mut errors = Vec::new();
+        let m = &self.mqtt;
+        if self.listeners.is_empty() {
+            errors.push("listeners: at least one listener is required".to_string());
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            if l.kind == ListenerKind::Tls && (l.cert_path.is_none() || l.key_path.is_none()) {
+                errors.push(format!(
+                    "listeners[{i}]: a tls listener needs cert_path and key_path"
+                ));
+            }
+            for (name, p) in [("cert_path", &l.cert_path), ("key_path", &l.key_path)] {
+                if let Some(p) = p {
+                    if !p.exists() {
+                        errors.push(format!(
+                            "listeners[{i}].{name}: {} does not exist",
+                            p.display()
+                        ));
+                    }
+                }
+            }
+            if l.kind == ListenerKind::Ws && !l.path.starts_with('/') {
+                errors.push(format!(
+                    "listeners[{i}].path: must start with '/' (got {:?})",
+                    l.path
+                ));
+            }
+        }
+        for (i, a) in self.listeners.iter().enumerate() {
+            for b in &self.listeners[i + 1..] {
+                if a.bind == b.bind && a.bind.port() != 0 {
+                    errors.push(format!("listeners: {} is bound twice", a.bind));
+                }
+            }
+        }
+        if m.max_packet_size_bytes < 64 {
+            errors.push(format!(
+                "mqtt.max_packet_size_bytes: {} is below the minimum of 64",
+                m.max_packet_size_bytes
+            ));
+        }
+        if m.max_packet_size_bytes > 268_435_460 {
+            errors
+                .push("mqtt.max_packet_size_bytes: above the MQTT limit of 268435460".to_string());
+        }
+        if m.receive_maximum == 0 {
+            errors.push("mqtt.receive_maximum: must be at least 1".to_string());
+        }
+        if m.max_inflight_messages == 0 {
+            errors.push("mqtt.max_inflight_messages: must be at least 1".to_string());
+        }
+        if m.max_queued_messages == 0 {
+            errors.push("mqtt.max_queued_messages: must be at least 1".to_string());
+        }
+        if m.outbound_buffer_bytes_max < 4096 {
+            errors.push("mqtt.outbound_buffer_bytes_max: must be at least 4096".to_string());
+        }
+        if m.connect_timeout_ms == 0 {
+            errors.push("mqtt.connect_timeout_ms: must be at least 1".to_string());
+        }
+        if m.maximum_qos > 2 {
+            errors.push(format!(
+                "mqtt.maximum_qos: {} is not a QoS (0, 1 or 2)",
+                m.maximum_qos
+            ));
+        }
+        for f in &m.deny_subscribe {
+            if !lanemq_protocol::topic::valid_filter(f) {
+                errors.push(format!(
+                    "mqtt.deny_subscribe: {f:?} is not a valid topic filter"
+                ));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+}

@@ -1,0 +1,1030 @@
+//! One task per network connection: CONNECT handshake, then a single `select!` loop over
+//! reading (decode + handle), writing (a bounded buffer), session wake-ups and keep alive.
+//!
+//! Invariants:
+//! - the session lock is never held across an `.await`, and never while taking the router lock
+//!   (lock order: router, then session);
+//! - at most `send_window` QoS 1/2 PUBLISH are unacknowledged [MQTT-4.9.0-2];
+//! - the write buffer stops growing at `WRITE_HIGH_WATER_BYTES`; the session queue (bounded by
+//!   `max_queued_messages` and `outbound_buffer_bytes_max`) holds the rest;
+//! - a connection whose session generation changed (take-over) stops touching the session.
+
+use crate::broker::Broker;
+use crate::message::{Delivery, Message};
+use crate::router::Subscriber;
+use crate::session::{Inflight, InflightStage, Kick, Session, Subscription};
+use bytes::BytesMut;
+use lanemq_protocol::reason as rc;
+use lanemq_protocol::topic;
+use lanemq_protocol::{
+    decode, encode, encoded_len, AckProperties, ConnAck, ConnAckProperties, Connect, DecodeError,
+    Disconnect, Packet, ProtocolVersion, PubResp, Publish, QoS, SubAck, Subscribe, UnsubAck,
+    Unsubscribe, Will,
+};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+use tracing::{debug, info_span, warn, Instrument};
+
+/// The write buffer is filled from the session queue up to this size.
+const WRITE_HIGH_WATER_BYTES: usize = 64 * 1024;
+/// Read buffer initial capacity.
+const READ_BUFFER_BYTES: usize = 8 * 1024;
+/// How long the final DISCONNECT and buffered data may take to flush.
+const FLUSH_TIMEOUT_MS: u64 = 1_000;
+
+/// How a connection ends.
+#[derive(Debug, Clone, Copy)]
+struct Close {
+    /// DISCONNECT reason code to send (MQTT 5 only).
+    reason: Option<u8>,
+    /// Publish the will message.
+    will: bool,
+}
+
+impl Close {
+    fn error(code: u8) -> Close {
+        Close {
+            reason: Some(code),
+            will: true,
+        }
+    }
+    fn silent(will: bool) -> Close {
+        Close { reason: None, will }
+    }
+}
+
+/// Serve one connection until it ends.
+pub async fn serve_connection<R, W>(broker: Arc<Broker>, reader: R, writer: W, peer: SocketAddr)
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let span = info_span!("conn", %peer, client_id = tracing::field::Empty);
+    async move {
+        if let Err(e) = run(broker, reader, writer, peer).await {
+            debug!(error = %e, "connection ended with I/O error");
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn run<R, W>(
+    broker: Arc<Broker>,
+    mut reader: R,
+    mut writer: W,
+    peer: SocketAddr,
+) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let cfg = &broker.config.mqtt;
+    let mut rbuf = BytesMut::with_capacity(READ_BUFFER_BYTES);
+    let timeout = Duration::from_millis(cfg.connect_timeout_ms);
+    enum First {
+        Packet(Packet),
+        Bad(DecodeError),
+        Eof,
+    }
+    let first = tokio::time::timeout(timeout, async {
+        loop {
+            match decode(&mut rbuf, ProtocolVersion::V5, cfg.max_packet_size_bytes) {
+                Ok(Some(p)) => return Ok::<First, std::io::Error>(First::Packet(p)),
+                Ok(None) => {}
+                Err(e) => return Ok(First::Bad(e)),
+            }
+            if reader.read_buf(&mut rbuf).await? == 0 {
+                return Ok(First::Eof);
+            }
+        }
+    })
+    .await;
+    let connect = match first {
+        Err(_) => {
+            debug!("no CONNECT within the connect timeout");
+            return Ok(());
+        }
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(First::Bad(err))) => {
+            reject_bad_connect(&mut writer, &err).await;
+            return Ok(());
+        }
+        Ok(Ok(First::Eof)) => return Ok(()),
+        Ok(Ok(First::Packet(Packet::Connect(c)))) => c,
+        Ok(Ok(First::Packet(other))) => {
+            debug!(packet_type = other.type_id(), "first packet is not CONNECT");
+            return Ok(());
+        }
+    };
+    let Some(mut conn) = Conn::handshake(broker.clone(), *connect, peer, &mut writer).await? else {
+        return Ok(());
+    };
+    tracing::Span::current().record("client_id", &*conn.client_id);
+    let close = conn.run_loop(&mut reader, &mut writer, rbuf).await;
+    conn.finish(close, &mut writer).await;
+    Ok(())
+}
+
+/// Map a decode error of the first packet to a CONNACK where the protocol allows one.
+async fn reject_bad_connect<W: AsyncWrite + Unpin>(writer: &mut W, err: &DecodeError) {
+    let (version, code) = match err {
+        DecodeError::UnsupportedProtocolVersion(level) if *level < 5 => {
+            (ProtocolVersion::V311, rc::UNSUPPORTED_PROTOCOL_VERSION)
+        }
+        DecodeError::UnsupportedProtocolVersion(_) => {
+            (ProtocolVersion::V5, rc::UNSUPPORTED_PROTOCOL_VERSION)
+        }
+        _ => {
+            debug!(error = %err, "malformed CONNECT");
+            return;
+        }
+    };
+    let mut out = BytesMut::new();
+    encode(
+        &Packet::ConnAck(ConnAck {
+            reason_code: code,
+            ..Default::default()
+        }),
+        version,
+        &mut out,
+    );
+    let _ = tokio::time::timeout(
+        Duration::from_millis(FLUSH_TIMEOUT_MS),
+        writer.write_all(&out),
+    )
+    .await;
+}
+
+struct Conn {
+    broker: Arc<Broker>,
+    version: ProtocolVersion,
+    client_id: Arc<str>,
+    session: Arc<Session>,
+    generation: u64,
+    waker: Arc<Notify>,
+    keep_alive: Option<Duration>,
+    /// Outbound QoS 1/2 window: min(client Receive Maximum, max_inflight_messages).
+    send_window: usize,
+    /// Largest packet the client accepts.
+    client_max_packet: usize,
+    /// Client's Topic Alias Maximum (server-to-client aliases).
+    client_alias_max: u16,
+    inbound_aliases: HashMap<u16, Arc<str>>,
+    outbound_aliases: HashMap<Arc<str>, u16>,
+    problem_info: bool,
+    will: Option<Will>,
+    /// Session Expiry Interval from CONNECT, possibly updated by DISCONNECT.
+    session_expiry_s: u32,
+    wbuf: BytesMut,
+    /// Scratch space for routing results.
+    peer: SocketAddr,
+}
+
+impl Conn {
+    async fn handshake<W: AsyncWrite + Unpin>(
+        broker: Arc<Broker>,
+        c: Connect,
+        peer: SocketAddr,
+        writer: &mut W,
+    ) -> std::io::Result<Option<Conn>> {
+        let cfg = &broker.config.mqtt;
+        let version = c.protocol;
+        let v5 = version.is_v5();
+        let refuse = |code: u8| -> BytesMut {
+            let mut out = BytesMut::new();
+            encode(
+                &Packet::ConnAck(ConnAck {
+                    reason_code: code,
+                    ..Default::default()
+                }),
+                version,
+                &mut out,
+            );
+            out
+        };
+        let mut reject: Option<u8> = None;
+        if broker.is_shutting_down() {
+            reject = Some(rc::SERVER_UNAVAILABLE);
+        } else if broker.stats.clients_connected.load(Ordering::Relaxed) >= cfg.max_connections {
+            reject = Some(if v5 {
+                rc::QUOTA_EXCEEDED
+            } else {
+                rc::SERVER_UNAVAILABLE
+            });
+        } else if c.properties.authentication_method.is_some() {
+            reject = Some(rc::BAD_AUTHENTICATION_METHOD);
+        } else if !broker.config.server.allow_anonymous && c.username.is_none() {
+            broker.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+            reject = Some(if v5 {
+                rc::BAD_USER_NAME_OR_PASSWORD
+            } else {
+                rc::NOT_AUTHORIZED
+            });
+        } else if c.client_id.is_empty() && !v5 && !c.clean_start {
+            reject = Some(rc::CLIENT_IDENTIFIER_NOT_VALID);
+        } else if let Some(w) = &c.will {
+            if !topic::valid_topic_name(&w.topic) {
+                reject = Some(rc::TOPIC_NAME_INVALID);
+            } else if w.qos.as_u8() > cfg.maximum_qos {
+                reject = Some(rc::QOS_NOT_SUPPORTED);
+            } else if w.retain && !cfg.retain_available {
+                reject = Some(rc::RETAIN_NOT_SUPPORTED);
+            }
+        }
+        if let Some(code) = reject {
+            debug!(reason = rc::name(code), "CONNECT refused");
+            let out = refuse(code);
+            let _ = tokio::time::timeout(
+                Duration::from_millis(FLUSH_TIMEOUT_MS),
+                writer.write_all(&out),
+            )
+            .await;
+            return Ok(None);
+        }
+
+        let mut props = ConnAckProperties::default();
+        let client_id: Arc<str> = if c.client_id.is_empty() {
+            let id = broker.assign_client_id();
+            if v5 {
+                props.assigned_client_identifier = Some(id.clone());
+            }
+            id.into()
+        } else {
+            c.client_id.as_str().into()
+        };
+        // Session expiry: 3.1.1 clean session 0 means "never expires".
+        let requested_expiry = if v5 {
+            c.properties.session_expiry_interval.unwrap_or(0)
+        } else if c.clean_start {
+            0
+        } else {
+            u32::MAX
+        };
+        let session_expiry_s = requested_expiry.min(cfg.max_session_expiry_s);
+        if v5 && session_expiry_s != requested_expiry {
+            props.session_expiry_interval = Some(session_expiry_s);
+        }
+        // Keep alive.
+        let mut keep_alive_s = c.keep_alive;
+        if v5 {
+            let wanted = cfg.server_keep_alive_s.unwrap_or(c.keep_alive);
+            let granted = if wanted == 0 && cfg.max_keep_alive_s < u16::MAX {
+                cfg.max_keep_alive_s
+            } else {
+                wanted.min(cfg.max_keep_alive_s)
+            };
+            if granted != c.keep_alive {
+                props.server_keep_alive = Some(granted);
+            }
+            keep_alive_s = granted;
+        }
+        let keep_alive =
+            (keep_alive_s > 0).then(|| Duration::from_millis(u64::from(keep_alive_s) * 1500));
+
+        if v5 {
+            if cfg.receive_maximum != u16::MAX {
+                props.receive_maximum = Some(cfg.receive_maximum);
+            }
+            if cfg.maximum_qos < 2 {
+                props.maximum_qos = Some(cfg.maximum_qos);
+            }
+            if !cfg.retain_available {
+                props.retain_available = Some(false);
+            }
+            props.maximum_packet_size = Some(cfg.max_packet_size_bytes);
+            if cfg.topic_alias_max > 0 {
+                props.topic_alias_maximum = Some(cfg.topic_alias_max);
+            }
+            if c.properties.request_response_information == Some(true) {
+                if let Some(info) = &cfg.response_information {
+                    props.response_information = Some(info.replace("{client_id}", &client_id));
+                }
+            }
+        }
+
+        let max_queued = cfg.max_queued_messages;
+        let budget = cfg.outbound_buffer_bytes_max;
+        let (session, resumed) = broker.open_session(&client_id, c.clean_start, || {
+            Session::new(client_id.clone(), version, max_queued, budget)
+        });
+        let waker = Arc::new(Notify::new());
+        let mut wbuf = BytesMut::with_capacity(READ_BUFFER_BYTES);
+        let generation;
+        {
+            let mut st = session.lock();
+            if st.connected {
+                // Take-over: the old connection sees the new generation and leaves with 0x8E.
+                st.wake();
+            }
+            st.generation += 1;
+            generation = st.generation;
+            session.set_online(&mut st, true);
+            st.waker = Some(waker.clone());
+            st.kick = None;
+            st.protocol = version;
+            st.expiry_s = session_expiry_s;
+        }
+        let connack = ConnAck {
+            session_present: resumed,
+            reason_code: rc::SUCCESS,
+            properties: props,
+        };
+        encode(&Packet::ConnAck(connack), version, &mut wbuf);
+
+        let send_window = usize::from(
+            c.properties
+                .receive_maximum
+                .unwrap_or(u16::MAX)
+                .min(cfg.max_inflight_messages),
+        );
+        let client_max_packet = c
+            .properties
+            .maximum_packet_size
+            .map_or(usize::MAX, |m| m as usize);
+        let mut conn = Conn {
+            broker: broker.clone(),
+            version,
+            client_id,
+            session,
+            generation,
+            waker,
+            keep_alive,
+            send_window,
+            client_max_packet,
+            client_alias_max: if v5 && cfg.outbound_topic_aliases {
+                c.properties.topic_alias_maximum.unwrap_or(0)
+            } else {
+                0
+            },
+            inbound_aliases: HashMap::new(),
+            outbound_aliases: HashMap::new(),
+            problem_info: c.properties.request_problem_information.unwrap_or(true),
+            will: c.will,
+            session_expiry_s,
+            wbuf,
+            peer,
+        };
+        if resumed {
+            conn.resend_inflight();
+        }
+        broker
+            .stats
+            .clients_connected
+            .fetch_add(1, Ordering::Relaxed);
+        debug!(resumed, keep_alive_s, "client connected");
+        Ok(Some(conn))
+    }
+
+    /// On session resume, send every unacknowledged PUBLISH again with DUP=1 and every PUBREL
+    /// [MQTT-4.4.0-1].
+    fn resend_inflight(&mut self) {
+        let now = Instant::now();
+        let entries: Vec<Inflight> = self.session.lock().inflight.iter().cloned().collect();
+        for e in entries {
+            match e.stage {
+                InflightStage::PubComp => {
+                    self.encode(&Packet::PubRel(PubResp::new(e.packet_id, rc::SUCCESS)));
+                }
+                _ => {
+                    let (p, _) = self.build_publish(&e.delivery, e.packet_id, true, now);
+                    self.encode(&Packet::Publish(p));
+                }
+            }
+        }
+    }
+
+    fn encode(&mut self, p: &Packet) {
+        encode(p, self.version, &mut self.wbuf);
+    }
+
+    /// An acknowledgement, with its properties stripped if the client asked for no problem
+    /// information or the packet would exceed the client's Maximum Packet Size.
+    fn encode_ack(&mut self, mut p: Packet) {
+        let strip = |props: &mut AckProperties| {
+            props.reason_string = None;
+            props.user_properties.clear();
+        };
+        let props = match &mut p {
+            Packet::PubAck(r) | Packet::PubRec(r) | Packet::PubRel(r) | Packet::PubComp(r) => {
+                Some(&mut r.properties)
+            }
+            Packet::SubAck(s) => Some(&mut s.properties),
+            Packet::UnsubAck(u) => Some(&mut u.properties),
+            _ => None,
+        };
+        if let Some(props) = props {
+            if !self.problem_info {
+                strip(props);
+            }
+        }
+        if encoded_len(&p, self.version) > self.client_max_packet {
+            match &mut p {
+                Packet::PubAck(r) | Packet::PubRec(r) | Packet::PubRel(r) | Packet::PubComp(r) => {
+                    strip(&mut r.properties)
+                }
+                Packet::SubAck(s) => strip(&mut s.properties),
+                Packet::UnsubAck(u) => strip(&mut u.properties),
+                _ => {}
+            }
+        }
+        self.encode(&p);
+    }
+
+    /// Build an outbound PUBLISH; returns it and the topic whose alias was newly assigned.
+    fn build_publish(
+        &mut self,
+        d: &Delivery,
+        pid: u16,
+        dup: bool,
+        now: Instant,
+    ) -> (Publish, Option<Arc<str>>) {
+        let mut properties = if self.version.is_v5() {
+            d.msg.properties.clone()
+        } else {
+            Default::default()
+        };
+        let mut topic_name = String::new();
+        let mut new_alias = None;
+        if self.version.is_v5() {
+            properties.message_expiry_interval = d.msg.remaining_expiry_s(now);
+            properties.subscription_identifiers = d.sub_ids.clone();
+            if self.client_alias_max > 0 {
+                if let Some(a) = self.outbound_aliases.get(&d.msg.topic) {
+                    properties.topic_alias = Some(*a);
+                } else if self.outbound_aliases.len() < usize::from(self.client_alias_max) {
+                    let a = (self.outbound_aliases.len() + 1) as u16;
+                    self.outbound_aliases.insert(d.msg.topic.clone(), a);
+                    properties.topic_alias = Some(a);
+                    topic_name.push_str(&d.msg.topic);
+                    new_alias = Some(d.msg.topic.clone());
+                }
+            }
+        }
+        if properties.topic_alias.is_none() || new_alias.is_some() {
+            if topic_name.is_empty() {
+                topic_name.push_str(&d.msg.topic);
+            }
+        }
+        let p = Publish {
+            dup,
+            qos: d.qos,
+            retain: d.retain,
+            topic: topic_name,
+            packet_id: pid,
+            properties,
+            payload: d.msg.payload.clone(),
+        };
+        (p, new_alias)
+    }
+
+    /// Move deliveries from the session queue into the write buffer, within the inflight
+    /// window and the write high-water mark. Returns a kick if the connection must end.
+    fn drain(&mut self) -> Option<Kick> {
+        let now = Instant::now();
+        let session = self.session.clone();
+        let mut st = session.lock();
+        if st.ended || st.generation != self.generation {
+            return Some(Kick::TakenOver);
+        }
+        if let Some(k) = st.kick.take() {
+            return Some(k);
+        }
+        let mut sent = 0u64;
+        let mut dropped = 0u64;
+        while self.wbuf.len() < WRITE_HIGH_WATER_BYTES {
+            let Some(front) = st.queue.front() else { break };
+            if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.send_window {
+                break;
+            }
+            let Some(d) = st.pop_queue() else { break };
+            if d.msg.is_expired(now) {
+                continue;
+            }
+            let pid = if d.qos == QoS::AtMostOnce {
+                0
+            } else {
+                match st.alloc_pid() {
+                    Some(pid) => pid,
+                    None => {
+                        st.queue.push_front(d);
+                        break;
+                    }
+                }
+            };
+            let (p, new_alias) = self.build_publish(&d, pid, false, now);
+            let packet = Packet::Publish(p);
+            if encoded_len(&packet, self.version) > self.client_max_packet {
+                // [MQTT-3.1.2-25]: discard as if delivered.
+                if let Some(t) = new_alias {
+                    self.outbound_aliases.remove(&t);
+                }
+                st.pids_in_use.remove(&pid);
+                dropped += 1;
+                continue;
+            }
+            encode(&packet, self.version, &mut self.wbuf);
+            sent += 1;
+            if d.qos != QoS::AtMostOnce {
+                let stage = if d.qos == QoS::AtLeastOnce {
+                    InflightStage::PubAck
+                } else {
+                    InflightStage::PubRec
+                };
+                st.inflight.push_back(Inflight {
+                    packet_id: pid,
+                    stage,
+                    delivery: d,
+                });
+            }
+        }
+        drop(st);
+        let stats = &self.broker.stats;
+        if sent > 0 {
+            stats.messages_sent.fetch_add(sent, Ordering::Relaxed);
+        }
+        if dropped > 0 {
+            stats.messages_dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        None
+    }
+
+    async fn run_loop<R, W>(&mut self, reader: &mut R, writer: &mut W, mut rbuf: BytesMut) -> Close
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
+        let far = Duration::from_secs(86_400 * 365);
+        let keep_alive = self.keep_alive;
+        let deadline = tokio::time::sleep(keep_alive.unwrap_or(far));
+        tokio::pin!(deadline);
+        let waker = self.waker.clone();
+        // Packets already buffered behind CONNECT.
+        if !rbuf.is_empty() {
+            if let Err(c) = self.process_input(&mut rbuf, max_packet) {
+                return c;
+            }
+        }
+        loop {
+            if let Some(kick) = self.drain() {
+                return match kick {
+                    Kick::TakenOver => Close {
+                        reason: Some(rc::SESSION_TAKEN_OVER),
+                        will: true,
+                    },
+                    Kick::SlowConsumer => {
+                        warn!("slow consumer: queue limit reached, disconnecting");
+                        Close::error(rc::QUOTA_EXCEEDED)
+                    }
+                    Kick::Shutdown => Close {
+                        reason: Some(rc::SERVER_SHUTTING_DOWN),
+                        will: false,
+                    },
+                };
+            }
+            let writing = !self.wbuf.is_empty();
+            tokio::select! {
+                biased;
+                res = writer.write_buf(&mut self.wbuf), if writing => {
+                    match res {
+                        Ok(0) | Err(_) => return Close::silent(true),
+                        Ok(n) => { self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed); }
+                    }
+                }
+                res = reader.read_buf(&mut rbuf) => {
+                    match res {
+                        Ok(0) | Err(_) => return Close::silent(true),
+                        Ok(n) => {
+                            self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                            if let Some(ka) = keep_alive {
+                                deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                            }
+                            if let Err(c) = self.process_input(&mut rbuf, max_packet) {
+                                return c;
+                            }
+                        }
+                    }
+                }
+                _ = waker.notified() => {}
+                _ = &mut deadline, if keep_alive.is_some() => {
+                    debug!("keep alive timeout");
+                    return Close::error(rc::KEEP_ALIVE_TIMEOUT);
+                }
+            }
+        }
+    }
+
+    fn process_input(&mut self, rbuf: &mut BytesMut, max_packet: u32) -> Result<(), Close> {
+        loop {
+            match decode(rbuf, self.version, max_packet) {
+                Ok(Some(p)) => self.handle(p)?,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    debug!(error = %e, "invalid packet");
+                    return Err(Close::error(e.reason_code()));
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, p: Packet) -> Result<(), Close> {
+        match p {
+            Packet::Publish(p) => self.on_publish(p),
+            Packet::PubAck(r) => {
+                self.session
+                    .lock()
+                    .take_inflight(r.packet_id, InflightStage::PubAck);
+                Ok(())
+            }
+            Packet::PubRec(r) => {
+                let mut st = self.session.lock();
+                let pos = st
+                    .inflight
+                    .iter()
+                    .position(|f| f.packet_id == r.packet_id && f.stage == InflightStage::PubRec);
+                let known = match pos {
+                    Some(i) if r.reason_code >= 0x80 => {
+                        st.take_inflight(r.packet_id, InflightStage::PubRec);
+                        let _ = i;
+                        drop(st);
+                        return Ok(());
+                    }
+                    Some(i) => {
+                        st.inflight[i].stage = InflightStage::PubComp;
+                        true
+                    }
+                    None => st
+                        .inflight
+                        .iter()
+                        .any(|f| f.packet_id == r.packet_id && f.stage == InflightStage::PubComp),
+                };
+                drop(st);
+                let code = if known {
+                    rc::SUCCESS
+                } else {
+                    rc::PACKET_IDENTIFIER_NOT_FOUND
+                };
+                self.encode_ack(Packet::PubRel(PubResp::new(r.packet_id, code)));
+                Ok(())
+            }
+            Packet::PubComp(r) => {
+                self.session
+                    .lock()
+                    .take_inflight(r.packet_id, InflightStage::PubComp);
+                Ok(())
+            }
+            Packet::PubRel(r) => {
+                let known = self.session.lock().inbound_qos2.remove(&r.packet_id);
+                let code = if known {
+                    rc::SUCCESS
+                } else {
+                    rc::PACKET_IDENTIFIER_NOT_FOUND
+                };
+                self.encode_ack(Packet::PubComp(PubResp::new(r.packet_id, code)));
+                Ok(())
+            }
+            Packet::Subscribe(s) => self.on_subscribe(s),
+            Packet::Unsubscribe(u) => {
+                self.on_unsubscribe(u);
+                Ok(())
+            }
+            Packet::PingReq => {
+                self.encode(&Packet::PingResp);
+                Ok(())
+            }
+            Packet::Disconnect(d) => self.on_disconnect(d),
+            Packet::Auth(_) => Err(Close::error(rc::PROTOCOL_ERROR)),
+            Packet::Connect(_) => Err(Close::error(rc::PROTOCOL_ERROR)),
+            Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
+                Err(Close::error(rc::PROTOCOL_ERROR))
+            }
+        }
+    }
+
+    fn on_disconnect(&mut self, d: Disconnect) -> Result<(), Close> {
+        if let Some(e) = d.properties.session_expiry_interval {
+            if self.session_expiry_s == 0 && e != 0 {
+                // [MQTT-3.14.2-2]
+                return Err(Close::error(rc::PROTOCOL_ERROR));
+            }
+            self.session_expiry_s = e.min(self.broker.config.mqtt.max_session_expiry_s);
+            let mut st = self.session.lock();
+            if st.generation == self.generation {
+                st.expiry_s = self.session_expiry_s;
+            }
+        }
+        Err(Close::silent(d.reason_code != rc::NORMAL_DISCONNECTION))
+    }
+
+    fn on_publish(&mut self, p: Publish) -> Result<(), Close> {
+        let cfg = &self.broker.config.mqtt;
+        let topic: Arc<str> = match p.properties.topic_alias {
+            Some(alias) => {
+                if alias == 0 || alias > cfg.topic_alias_max {
+                    return Err(Close::error(rc::TOPIC_ALIAS_INVALID));
+                }
+                if p.topic.is_empty() {
+                    match self.inbound_aliases.get(&alias) {
+                        Some(t) => t.clone(),
+                        None => return Err(Close::error(rc::PROTOCOL_ERROR)),
+                    }
+                } else {
+                    let t: Arc<str> = p.topic.as_str().into();
+                    self.inbound_aliases.insert(alias, t.clone());
+                    t
+                }
+            }
+            None if p.topic.is_empty() => return Err(Close::error(rc::PROTOCOL_ERROR)),
+            None => p.topic.as_str().into(),
+        };
+        if !topic::valid_topic_name(&topic) {
+            return Err(Close::error(rc::TOPIC_NAME_INVALID));
+        }
+        if !p.properties.subscription_identifiers.is_empty() {
+            return Err(Close::error(rc::PROTOCOL_ERROR));
+        }
+        if p.qos.as_u8() > cfg.maximum_qos {
+            return Err(Close::error(rc::QOS_NOT_SUPPORTED));
+        }
+        if p.retain && !cfg.retain_available {
+            return Err(Close::error(rc::RETAIN_NOT_SUPPORTED));
+        }
+        let bad_payload = p.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&p.payload).is_err();
+        let pid = p.packet_id;
+        match p.qos {
+            QoS::AtMostOnce => {
+                if !bad_payload {
+                    self.accept(topic, p);
+                }
+            }
+            QoS::AtLeastOnce => {
+                let code = if bad_payload {
+                    rc::PAYLOAD_FORMAT_INVALID
+                } else {
+                    self.accept(topic, p)
+                };
+                self.encode_ack(Packet::PubAck(PubResp::new(pid, code)));
+            }
+            QoS::ExactlyOnce => {
+                let duplicate = self.session.lock().inbound_qos2.contains(&pid);
+                let code = if duplicate {
+                    rc::SUCCESS
+                } else if bad_payload {
+                    rc::PAYLOAD_FORMAT_INVALID
+                } else {
+                    if self.session.lock().inbound_qos2.len() >= usize::from(cfg.receive_maximum) {
+                        return Err(Close::error(rc::RECEIVE_MAXIMUM_EXCEEDED));
+                    }
+                    let code = self.accept(topic, p);
+                    self.session.lock().inbound_qos2.insert(pid);
+                    code
+                };
+                self.encode_ack(Packet::PubRec(PubResp::new(pid, code)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Hand an accepted PUBLISH to ingest; returns the PUBACK/PUBREC reason code.
+    fn accept(&mut self, topic: Arc<str>, p: Publish) -> u8 {
+        let msg = Message::new(
+            topic,
+            p.payload,
+            p.qos,
+            p.retain,
+            p.properties,
+            self.client_id.clone(),
+        );
+        let ingested = self.broker.ingest(Arc::new(msg));
+        if ingested.matched || !self.version.is_v5() {
+            rc::SUCCESS
+        } else {
+            rc::NO_MATCHING_SUBSCRIBERS
+        }
+    }
+
+    fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
+        let v5 = self.version.is_v5();
+        let cfg = &self.broker.config.mqtt;
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut retained: Vec<Delivery> = Vec::new();
+        for f in &s.filters {
+            let (group, inner) = match topic::parse_shared(&f.filter) {
+                Ok(Some(sh)) => (Some(sh.group), sh.filter),
+                Ok(None) => (None, f.filter.as_str()),
+                Err(_) => {
+                    codes.push(if v5 {
+                        rc::TOPIC_FILTER_INVALID
+                    } else {
+                        rc::UNSPECIFIED_ERROR
+                    });
+                    continue;
+                }
+            };
+            if group.is_some() && f.options.no_local {
+                // [MQTT-3.8.3-4]
+                return Err(Close::error(rc::PROTOCOL_ERROR));
+            }
+            if !topic::valid_filter(inner) {
+                codes.push(if v5 {
+                    rc::TOPIC_FILTER_INVALID
+                } else {
+                    rc::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
+            let denied = cfg
+                .deny_subscribe
+                .iter()
+                .any(|d| d == inner || (!topic::has_wildcards(inner) && topic::matches(d, inner)));
+            if denied {
+                codes.push(if v5 {
+                    rc::NOT_AUTHORIZED
+                } else {
+                    rc::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
+            let qos =
+                QoS::from_u8(f.options.qos.as_u8().min(cfg.maximum_qos)).unwrap_or(QoS::AtMostOnce);
+            let mut options = f.options;
+            options.qos = qos;
+            let sub_id = s.properties.subscription_identifier;
+            let existed = self
+                .session
+                .lock()
+                .subscriptions
+                .insert(f.filter.clone(), Subscription { options, sub_id })
+                .is_some();
+            self.broker.add_subscription(
+                &self.session,
+                &f.filter,
+                Subscriber {
+                    session: self.session.clone(),
+                    options,
+                    sub_id,
+                },
+            );
+            codes.push(qos.as_u8());
+            let send_retained = group.is_none()
+                && (options.retain_handling == 0 || (options.retain_handling == 1 && !existed));
+            if send_retained {
+                for m in self.broker.retained_matching(inner) {
+                    let q = m.qos.min(qos);
+                    retained.push(Delivery {
+                        msg: m,
+                        qos: q,
+                        retain: true,
+                        sub_ids: sub_id.into_iter().collect(),
+                        share: None,
+                    });
+                }
+            }
+        }
+        self.encode_ack(Packet::SubAck(SubAck {
+            packet_id: s.packet_id,
+            reason_codes: codes,
+            properties: Default::default(),
+        }));
+        for d in retained {
+            self.session.push(d);
+        }
+        Ok(())
+    }
+
+    fn on_unsubscribe(&mut self, u: Unsubscribe) {
+        let mut codes = Vec::with_capacity(u.filters.len());
+        for f in &u.filters {
+            let had = self.session.lock().subscriptions.remove(f).is_some();
+            if had {
+                self.broker.remove_subscription(&self.session, f);
+            }
+            codes.push(if had {
+                rc::SUCCESS
+            } else {
+                rc::NO_SUBSCRIPTION_EXISTED
+            });
+        }
+        self.encode_ack(Packet::UnsubAck(UnsubAck {
+            packet_id: u.packet_id,
+            reason_codes: codes,
+            properties: Default::default(),
+        }));
+    }
+
+    /// Send the final DISCONNECT, flush, detach from the session, schedule its expiry and the
+    /// will.
+    async fn finish<W: AsyncWrite + Unpin>(mut self, close: Close, writer: &mut W) {
+        if let (Some(code), true) = (close.reason, self.version.is_v5()) {
+            let mut d = Disconnect::new(code);
+            if code == rc::QUOTA_EXCEEDED {
+                d.properties.reason_string = Some("outbound queue limit reached".into());
+            }
+            self.encode(&Packet::Disconnect(d));
+        }
+        if !self.wbuf.is_empty() {
+            let buf = std::mem::take(&mut self.wbuf);
+            let _ = tokio::time::timeout(
+                Duration::from_millis(FLUSH_TIMEOUT_MS),
+                writer.write_all(&buf),
+            )
+            .await;
+        }
+        let _ =
+            tokio::time::timeout(Duration::from_millis(FLUSH_TIMEOUT_MS), writer.shutdown()).await;
+        self.broker
+            .stats
+            .clients_connected
+            .fetch_sub(1, Ordering::Relaxed);
+
+        let taken_over = matches!(close.reason, Some(rc::SESSION_TAKEN_OVER));
+        let (still_ours, expiry) = {
+            let mut st = self.session.lock();
+            if !st.ended && st.generation == self.generation {
+                self.session.set_online(&mut st, false);
+                st.waker = None;
+                (true, st.expiry_s)
+            } else {
+                (false, 0)
+            }
+        };
+        debug!(peer = %self.peer, will = close.will, "client disconnected");
+        let broker = self.broker.clone();
+        if still_ours {
+            schedule_expiry(&broker, &self.session, self.generation, expiry);
+        }
+        let Some(will) = self.will.take().filter(|_| close.will) else {
+            return;
+        };
+        let delay = will.properties.will_delay_interval.unwrap_or(0);
+        if taken_over {
+            // A new connection for this client id exists: a delayed will is cancelled; an
+            // immediate one is published [MQTT-3.1.3-9].
+            if delay == 0 {
+                publish_will(&broker, &self.client_id, will);
+            }
+            return;
+        }
+        let delay = if still_ours { delay.min(expiry) } else { 0 };
+        if delay == 0 {
+            publish_will(&broker, &self.client_id, will);
+        } else {
+            let session = self.session.clone();
+            let generation = self.generation;
+            let client_id = self.client_id.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
+                let reconnected = {
+                    let st = session.lock();
+                    st.generation != generation || st.connected
+                };
+                if !reconnected {
+                    publish_will(&broker, &client_id, will);
+                }
+            });
+        }
+    }
+}
+
+/// Remove the session after its expiry interval unless a connection resumed it.
+fn schedule_expiry(broker: &Arc<Broker>, session: &Arc<Session>, generation: u64, expiry_s: u32) {
+    if expiry_s == 0 {
+        broker.expire_session(session, generation);
+    } else if expiry_s != u32::MAX {
+        let broker = broker.clone();
+        let session = session.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(u64::from(expiry_s))).await;
+            broker.expire_session(&session, generation);
+        });
+    }
+}
+
+fn publish_will(broker: &Broker, client_id: &Arc<str>, will: Will) {
+    let mut props = lanemq_protocol::PublishProperties {
+        payload_format_indicator: will.properties.payload_format_indicator,
+        message_expiry_interval: will.properties.message_expiry_interval,
+        content_type: will.properties.content_type,
+        response_topic: will.properties.response_topic,
+        correlation_data: will.properties.correlation_data,
+        user_properties: will.properties.user_properties,
+        ..Default::default()
+    };
+    props.topic_alias = None;
+    let msg = Message::new(
+        will.topic.as_str().into(),
+        will.payload,
+        will.qos,
+        will.retain,
+        props,
+        client_id.clone(),
+    );
+    broker.ingest(Arc::new(msg));
+}

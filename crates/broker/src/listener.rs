@@ -1,0 +1,222 @@
+//! Listeners (TCP, TLS, WebSocket) and the server lifecycle.
+
+use crate::broker::Broker;
+use crate::config::{Config, ListenerKind};
+use crate::connection::serve_connection;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+/// Live connection tasks, so shutdown can wait for them to drain.
+#[derive(Default)]
+pub struct ConnTracker {
+    active: AtomicUsize,
+    idle: Notify,
+}
+
+impl ConnTracker {
+    fn enter(self: &Arc<Self>) -> ConnGuard {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        ConnGuard(self.clone())
+    }
+    pub fn active(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+}
+
+pub struct ConnGuard(Arc<ConnTracker>);
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// A running broker.
+pub struct Server {
+    broker: Arc<Broker>,
+    addrs: Vec<SocketAddr>,
+    accept_tasks: Vec<JoinHandle<()>>,
+    tracker: Arc<ConnTracker>,
+}
+
+impl Server {
+    /// Bind every configured listener and start serving.
+    pub async fn start(config: Config) -> anyhow_lite::Result<Server> {
+        let broker = Broker::new(config);
+        let tracker = Arc::new(ConnTracker::default());
+        let mut addrs = Vec::new();
+        let mut accept_tasks = Vec::new();
+        for l in broker.config.listeners.clone() {
+            let listener = TcpListener::bind(l.bind).await.map_err(|e| {
+                anyhow_lite::Error(format!(
+                    "cannot bind {:?} listener on {}: {e}",
+                    l.kind, l.bind
+                ))
+            })?;
+            let addr = listener
+                .local_addr()
+                .map_err(|e| anyhow_lite::Error(e.to_string()))?;
+            info!(kind = ?l.kind, %addr, "listening");
+            addrs.push(addr);
+            let acceptor = crate::listener::Acceptor::new(&l)?;
+            accept_tasks.push(tokio::spawn(accept_loop(
+                broker.clone(),
+                listener,
+                acceptor,
+                tracker.clone(),
+            )));
+        }
+        crate::sys::spawn(broker.clone());
+        Ok(Server {
+            broker,
+            addrs,
+            accept_tasks,
+            tracker,
+        })
+    }
+
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    /// Bound addresses, in listener order.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// Stop accepting, send DISCONNECT 0x8B to every client and wait up to `grace` for the
+    /// connections to close.
+    pub async fn shutdown(self, grace: Duration) {
+        for t in &self.accept_tasks {
+            t.abort();
+        }
+        self.broker.begin_shutdown();
+        let wait = async {
+            loop {
+                let idle = self.tracker.idle.notified();
+                if self.tracker.active() == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        };
+        if tokio::time::timeout(grace, wait).await.is_err() {
+            warn!(
+                remaining = self.tracker.active(),
+                "grace period over, dropping connections"
+            );
+        }
+    }
+}
+
+/// Turns an accepted TCP stream into an MQTT byte stream (plain, TLS or WebSocket).
+pub enum Acceptor {
+    Tcp,
+    Tls(crate::listener::tls::TlsAcceptor),
+    Ws { path: String },
+}
+
+async fn accept_loop(
+    broker: Arc<Broker>,
+    listener: TcpListener,
+    acceptor: Acceptor,
+    tracker: Arc<ConnTracker>,
+) {
+    let acceptor = Arc::new(acceptor);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let guard = tracker.enter();
+        let broker = broker.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            handle_stream(broker, stream, peer, &acceptor).await;
+        });
+    }
+}
+
+async fn handle_stream(
+    broker: Arc<Broker>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: &Acceptor,
+) {
+    match acceptor {
+        Acceptor::Tcp => {
+            let (r, w) = stream.into_split();
+            serve_connection(broker, r, w, peer).await;
+        }
+        Acceptor::Tls(tls) => tls.serve(broker, stream, peer).await,
+        Acceptor::Ws { path } => crate::listener::ws::serve(broker, stream, peer, path).await,
+    }
+}
+
+impl Acceptor {
+    fn new(l: &crate::config::ListenerConfig) -> anyhow_lite::Result<Acceptor> {
+        Ok(match l.kind {
+            ListenerKind::Tcp => Acceptor::Tcp,
+            ListenerKind::Tls => Acceptor::Tls(tls::TlsAcceptor::new(l)?),
+            ListenerKind::Ws => Acceptor::Ws {
+                path: l.path.clone(),
+            },
+        })
+    }
+}
+
+/// A tiny error type so the broker library does not pull in anyhow.
+pub mod anyhow_lite {
+    #[derive(Debug)]
+    pub struct Error(pub String);
+    impl std::fmt::Display for Error {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+    impl std::error::Error for Error {}
+    pub type Result<T> = std::result::Result<T, Error>;
+}
+
+pub mod tls {
+    //! TLS listener (rustls). Filled in by the TLS work; until then a TLS listener fails to start.
+    use super::anyhow_lite;
+    use crate::broker::Broker;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use tokio::net::TcpStream;
+
+    pub struct TlsAcceptor;
+    impl TlsAcceptor {
+        pub fn new(_l: &crate::config::ListenerConfig) -> anyhow_lite::Result<TlsAcceptor> {
+            Err(anyhow_lite::Error(
+                "tls listeners are not available in this build".into(),
+            ))
+        }
+        pub async fn serve(&self, _broker: Arc<Broker>, _stream: TcpStream, _peer: SocketAddr) {}
+    }
+}
+
+pub mod ws {
+    //! WebSocket listener. Filled in by the WebSocket work.
+    use crate::broker::Broker;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use tokio::net::TcpStream;
+
+    pub async fn serve(_broker: Arc<Broker>, _stream: TcpStream, _peer: SocketAddr, _path: &str) {}
+}
