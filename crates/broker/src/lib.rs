@@ -12,6 +12,8 @@ pub mod message;
 pub mod router;
 pub mod session;
 pub mod sys;
+pub mod tls;
+pub mod ws;
 
 pub use broker::Broker;
 pub use config::{Config, ConfigErrors, ListenerConfig, ListenerKind, DEFAULT_CONFIG_TOML};

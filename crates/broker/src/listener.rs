@@ -119,7 +119,7 @@ impl Server {
 /// Turns an accepted TCP stream into an MQTT byte stream (plain, TLS or WebSocket).
 pub enum Acceptor {
     Tcp,
-    Tls(crate::listener::tls::TlsAcceptor),
+    Tls(crate::tls::TlsAcceptor),
     Ws { path: String },
 }
 
@@ -163,7 +163,7 @@ async fn handle_stream(
             serve_connection(broker, r, w, peer).await;
         }
         Acceptor::Tls(tls) => tls.serve(broker, stream, peer).await,
-        Acceptor::Ws { path } => crate::listener::ws::serve(broker, stream, peer, path).await,
+        Acceptor::Ws { path } => crate::ws::serve(broker, stream, peer, path).await,
     }
 }
 
@@ -190,33 +190,4 @@ pub mod anyhow_lite {
     }
     impl std::error::Error for Error {}
     pub type Result<T> = std::result::Result<T, Error>;
-}
-
-pub mod tls {
-    //! TLS listener (rustls). Filled in by the TLS work; until then a TLS listener fails to start.
-    use super::anyhow_lite;
-    use crate::broker::Broker;
-    use std::net::SocketAddr;
-    use std::sync::Arc;
-    use tokio::net::TcpStream;
-
-    pub struct TlsAcceptor;
-    impl TlsAcceptor {
-        pub fn new(_l: &crate::config::ListenerConfig) -> anyhow_lite::Result<TlsAcceptor> {
-            Err(anyhow_lite::Error(
-                "tls listeners are not available in this build".into(),
-            ))
-        }
-        pub async fn serve(&self, _broker: Arc<Broker>, _stream: TcpStream, _peer: SocketAddr) {}
-    }
-}
-
-pub mod ws {
-    //! WebSocket listener. Filled in by the WebSocket work.
-    use crate::broker::Broker;
-    use std::net::SocketAddr;
-    use std::sync::Arc;
-    use tokio::net::TcpStream;
-
-    pub async fn serve(_broker: Arc<Broker>, _stream: TcpStream, _peer: SocketAddr, _path: &str) {}
 }
