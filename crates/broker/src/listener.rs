@@ -171,7 +171,7 @@ impl Acceptor {
     fn new(l: &crate::config::ListenerConfig) -> anyhow_lite::Result<Acceptor> {
         Ok(match l.kind {
             ListenerKind::Tcp => Acceptor::Tcp,
-            ListenerKind::Tls => Acceptor::Tls(tls::TlsAcceptor::new(l)?),
+            ListenerKind::Tls => Acceptor::Tls(crate::tls::TlsAcceptor::new(l)?),
             ListenerKind::Ws => Acceptor::Ws {
                 path: l.path.clone(),
             },
