@@ -471,7 +471,7 @@ fn decode_all(data: &[u8], v: ProtocolVersion, max: u32) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 5000, ..ProptestConfig::default() })]
 
     #[test]
     fn round_trip_v5(p in packet_v5()) {
