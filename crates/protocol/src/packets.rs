@@ -205,7 +205,11 @@ pub struct PubResp {
 
 impl PubResp {
     pub fn new(packet_id: u16, reason_code: u8) -> PubResp {
-        PubResp { packet_id, reason_code, properties: AckProperties::default() }
+        PubResp {
+            packet_id,
+            reason_code,
+            properties: AckProperties::default(),
+        }
     }
 }
 
@@ -275,7 +279,10 @@ pub struct Disconnect {
 
 impl Disconnect {
     pub fn new(reason_code: u8) -> Disconnect {
-        Disconnect { reason_code, properties: DisconnectProperties::default() }
+        Disconnect {
+            reason_code,
+            properties: DisconnectProperties::default(),
+        }
     }
 }
 
