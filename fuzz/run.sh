@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Run every cargo-fuzz target for a given number of seconds each (default 60).
+#   fuzz/run.sh [seconds] [extra libFuzzer args...]
+# Needs cargo-fuzz (`cargo install cargo-fuzz`). Only a stable toolchain is required:
+# RUSTC_BOOTSTRAP=1 unlocks the -Z flags cargo-fuzz passes to rustc (sanitizer, coverage).
+set -euo pipefail
+secs="${1:-60}"
+shift || true
+cd "$(dirname "$0")"
+export RUSTC_BOOTSTRAP=1
+for target in $(cargo fuzz list); do
+    echo "== fuzzing $target for ${secs}s"
+    mkdir -p "corpus/$target" "seeds/$target"
+    cargo fuzz run "$target" "corpus/$target" "seeds/$target" -- -max_total_time="$secs" "$@"
+done
