@@ -1,0 +1,130 @@
+# Shared helpers for the interop scripts (sourced, not executed).
+#
+#   start_broker [EXTRA_TOML]   start a broker on a free 127.0.0.1 port; sets PORT, BROKER_PID,
+#                               BROKER_LOG, WORK (a temp dir removed on exit)
+#   pass NAME / fail NAME REASON / skip NAME REASON / summary LABEL
+#
+# Environment:
+#   LANEMQ_BIN       broker binary (default target/release/lanemq)
+#   INTEROP_BROKER   lanemq (default) | mosquitto: run the same scenarios against
+#                    mosquitto as a baseline, to validate the scripts themselves
+#   KEEP_TMP=1       keep the temp dir (broker log, client output)
+
+INTEROP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LANEMQ_BIN=${LANEMQ_BIN:-$INTEROP_ROOT/target/release/lanemq}
+INTEROP_BROKER=${INTEROP_BROKER:-lanemq}
+
+N_PASS=0
+N_FAIL=0
+N_SKIP=0
+FAILED_NAMES=()
+BROKER_PID=""
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-interop.XXXXXX")
+
+pass() {
+  N_PASS=$((N_PASS + 1))
+  echo "PASS: $1"
+}
+fail() {
+  N_FAIL=$((N_FAIL + 1))
+  FAILED_NAMES+=("$1")
+  echo "FAIL: $1 -- $2"
+}
+skip() {
+  N_SKIP=$((N_SKIP + 1))
+  echo "SKIP: $1 -- $2"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# wait_port PORT SECONDS: until a TCP connect to 127.0.0.1:PORT succeeds.
+wait_port() {
+  local port=$1 secs=${2:-15} i
+  for ((i = 0; i < secs * 10; i++)); do
+    if timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  return 1
+}
+
+cleanup() {
+  local rc=$?
+  # Background clients started by the scenarios.
+  local j
+  for j in $(jobs -p); do kill "$j" 2>/dev/null || true; done
+  if [ -n "$BROKER_PID" ]; then
+    kill "$BROKER_PID" 2>/dev/null || true
+    for _ in $(seq 1 30); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$BROKER_PID" 2>/dev/null || true
+  fi
+  if [ "$N_FAIL" -gt 0 ] && [ -f "${BROKER_LOG:-}" ]; then
+    echo "--- last 30 lines of the broker log ($BROKER_LOG) ---"
+    tail -n 30 "$BROKER_LOG" || true
+  fi
+  if [ "${KEEP_TMP:-0}" = 1 ]; then
+    echo "temp dir kept: $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start_broker [EXTRA_TOML]: EXTRA_TOML is appended to the [server]/[mqtt] config.
+start_broker() {
+  local extra=${1:-}
+  PORT=$(free_port)
+  BROKER_LOG=$WORK/broker.log
+  mkdir -p "$WORK/data"
+  if [ "$INTEROP_BROKER" = mosquitto ]; then
+    local mbin
+    mbin=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+    cat >"$WORK/mosquitto.conf" <<EOF
+listener $PORT 127.0.0.1
+allow_anonymous true
+persistence false
+sys_interval 1
+max_keepalive 65535
+EOF
+    "$mbin" -c "$WORK/mosquitto.conf" >"$BROKER_LOG" 2>&1 &
+  else
+    if [ ! -x "$LANEMQ_BIN" ]; then
+      echo "broker binary $LANEMQ_BIN not found: cargo build --release -p lanemq" >&2
+      exit 2
+    fi
+    printf '%s\n' "$extra" >"$WORK/lanemq.toml"
+    RUST_LOG=${RUST_LOG:-info} "$LANEMQ_BIN" serve --mqtt "127.0.0.1:$PORT" \
+      --data-dir "$WORK/data" --config "$WORK/lanemq.toml" >"$BROKER_LOG" 2>&1 &
+  fi
+  BROKER_PID=$!
+  if ! wait_port "$PORT" 15; then
+    echo "broker did not accept on 127.0.0.1:$PORT within 15 s" >&2
+    cat "$BROKER_LOG" >&2 || true
+    exit 2
+  fi
+  echo "broker: $INTEROP_BROKER pid $BROKER_PID on 127.0.0.1:$PORT"
+}
+
+# wait_grep FILE PATTERN SECONDS: until an extended-regex line matches in FILE.
+wait_grep() {
+  local file=$1 pat=$2 secs=${3:-5} i
+  for ((i = 0; i < secs * 20; i++)); do
+    grep -qE -- "$pat" "$file" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+summary() {
+  local label=$1
+  echo "----"
+  if [ "$N_FAIL" -gt 0 ]; then
+    echo "$label failures: ${FAILED_NAMES[*]}"
+  fi
+  echo "$label: $N_PASS passed, $N_FAIL failed, $N_SKIP skipped"
+}
