@@ -1,0 +1,424 @@
+//! Shared helpers for the black-box tests: an in-process server on `127.0.0.1:0` and a raw
+//! packet-level MQTT client built on the lanemq-protocol codec.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use bytes::{Bytes, BytesMut};
+use lanemq_broker::{Config, ListenerConfig, Server};
+use lanemq_protocol::{
+    decode, encode, ConnAck, Connect, ConnectProperties, Disconnect, Packet, ProtocolVersion,
+    PubResp, Publish, PublishProperties, QoS, SubAck, Subscribe, SubscribeFilter,
+    SubscribeProperties, SubscriptionOptions, UnsubAck, Unsubscribe,
+};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Default wait for a packet that must arrive.
+pub const RECV_MS: u64 = 2_000;
+/// Wait used to assert that nothing arrives.
+pub const QUIET_MS: u64 = 250;
+
+/// A configuration with one TCP listener on `127.0.0.1:0` and `$SYS` disabled.
+pub fn config() -> Config {
+    let mut cfg = Config::default();
+    cfg.listeners = vec![ListenerConfig {
+        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..ListenerConfig::default()
+    }];
+    cfg.server.sys_interval_s = 0;
+    cfg.server.shutdown_grace_ms = 1_000;
+    cfg
+}
+
+/// A running in-process broker.
+pub struct TestServer {
+    pub server: Option<Server>,
+    pub addr: SocketAddr,
+}
+
+impl TestServer {
+    pub async fn start(cfg: Config) -> TestServer {
+        cfg.validate().expect("test config is valid");
+        let server = Server::start(cfg).await.expect("server starts");
+        let addr = server.local_addrs()[0];
+        TestServer {
+            server: Some(server),
+            addr,
+        }
+    }
+
+    pub async fn default() -> TestServer {
+        TestServer::start(config()).await
+    }
+
+    pub fn server(&self) -> &Server {
+        self.server.as_ref().expect("server running")
+    }
+
+    pub async fn shutdown(&mut self, grace: Duration) {
+        if let Some(s) = self.server.take() {
+            s.shutdown(grace).await;
+        }
+    }
+
+    /// A fresh MQTT 5 client (clean start, no session expiry).
+    pub async fn v5(&self, client_id: &str) -> RawClient {
+        RawClient::connect_ok(self.addr, connect_v5(client_id)).await
+    }
+
+    /// A fresh MQTT 3.1.1 client (clean session).
+    pub async fn v311(&self, client_id: &str) -> RawClient {
+        RawClient::connect_ok(self.addr, connect_v311(client_id)).await
+    }
+
+    /// Assert that the broker still serves a new client: subscribe, publish QoS 1, receive.
+    pub async fn assert_alive(&self) {
+        let mut c = self.v5("").await;
+        let topic = format!("alive/{}", rand_suffix());
+        c.subscribe(&topic, QoS::AtLeastOnce).await;
+        c.publish_qos1(&topic, b"ping").await;
+        let p = c.recv_publish().await;
+        assert_eq!(p.topic, topic);
+        assert_eq!(&p.payload[..], b"ping");
+        c.disconnect().await;
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A CONNECT for MQTT 5 with clean start, keep alive 60 and no properties.
+pub fn connect_v5(client_id: &str) -> Connect {
+    Connect {
+        protocol: ProtocolVersion::V5,
+        clean_start: true,
+        keep_alive: 60,
+        client_id: client_id.to_string(),
+        will: None,
+        username: None,
+        password: None,
+        properties: ConnectProperties::default(),
+    }
+}
+
+/// A CONNECT for MQTT 3.1.1 with clean session and keep alive 60.
+pub fn connect_v311(client_id: &str) -> Connect {
+    Connect {
+        protocol: ProtocolVersion::V311,
+        ..connect_v5(client_id)
+    }
+}
+
+/// Encode one packet for `version`.
+pub fn bytes_of(p: &Packet, version: ProtocolVersion) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    encode(p, version, &mut out);
+    out.to_vec()
+}
+
+pub fn publish(topic: &str, qos: QoS, packet_id: u16, payload: &[u8]) -> Publish {
+    Publish {
+        dup: false,
+        qos,
+        retain: false,
+        topic: topic.to_string(),
+        packet_id,
+        properties: PublishProperties::default(),
+        payload: Bytes::copy_from_slice(payload),
+    }
+}
+
+pub fn sub_opts(qos: QoS) -> SubscriptionOptions {
+    SubscriptionOptions {
+        qos,
+        ..Default::default()
+    }
+}
+
+/// Why [`RawClient::try_recv`] returned no packet.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RecvError {
+    Timeout,
+    Closed,
+    Decode(String),
+}
+
+pub struct RawClient {
+    pub stream: TcpStream,
+    pub version: ProtocolVersion,
+    rbuf: BytesMut,
+    next_pid: u16,
+}
+
+impl RawClient {
+    /// Open a TCP connection without sending anything.
+    pub async fn tcp(addr: SocketAddr, version: ProtocolVersion) -> RawClient {
+        let stream = TcpStream::connect(addr).await.expect("tcp connect");
+        stream.set_nodelay(true).unwrap();
+        RawClient {
+            stream,
+            version,
+            rbuf: BytesMut::with_capacity(4096),
+            next_pid: 1,
+        }
+    }
+
+    /// Send CONNECT and return the client and whatever the server answered first.
+    pub async fn connect(addr: SocketAddr, c: Connect) -> (RawClient, Result<Packet, RecvError>) {
+        let mut client = RawClient::tcp(addr, c.protocol).await;
+        client.send(Packet::Connect(Box::new(c))).await;
+        let first = client.try_recv(Duration::from_millis(RECV_MS)).await;
+        (client, first)
+    }
+
+    /// Connect and require CONNACK 0x00; returns the client (the CONNACK is in `last_connack`).
+    pub async fn connect_ok(addr: SocketAddr, c: Connect) -> RawClient {
+        RawClient::connect_ack(addr, c).await.0
+    }
+
+    /// Connect and require CONNACK 0x00; returns the client and the CONNACK.
+    pub async fn connect_ack(addr: SocketAddr, c: Connect) -> (RawClient, ConnAck) {
+        let (client, first) = RawClient::connect(addr, c).await;
+        match first {
+            Ok(Packet::ConnAck(ack)) => {
+                assert_eq!(ack.reason_code, 0, "CONNACK refused: {ack:?}");
+                (client, ack)
+            }
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+    }
+
+    pub fn next_pid(&mut self) -> u16 {
+        let pid = self.next_pid;
+        self.next_pid = self.next_pid.wrapping_add(1).max(1);
+        pid
+    }
+
+    pub async fn send(&mut self, p: Packet) {
+        let b = bytes_of(&p, self.version);
+        self.send_raw(&b).await;
+    }
+
+    /// Write bytes; errors are ignored (the server may already have closed).
+    pub async fn send_raw(&mut self, b: &[u8]) {
+        let _ = self.stream.write_all(b).await;
+        let _ = self.stream.flush().await;
+    }
+
+    /// The next packet, or why there is none within `wait`.
+    pub async fn try_recv(&mut self, wait: Duration) -> Result<Packet, RecvError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match decode(&mut self.rbuf, self.version, 0) {
+                Ok(Some(p)) => return Ok(p),
+                Ok(None) => {}
+                Err(e) => return Err(RecvError::Decode(e.to_string())),
+            }
+            match tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf)).await {
+                Err(_) => return Err(RecvError::Timeout),
+                Ok(Ok(0)) | Ok(Err(_)) => return Err(RecvError::Closed),
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// The next packet; panics if none arrives within [`RECV_MS`].
+    pub async fn recv(&mut self) -> Packet {
+        match self.try_recv(Duration::from_millis(RECV_MS)).await {
+            Ok(p) => p,
+            Err(e) => panic!("expected a packet, got {e:?}"),
+        }
+    }
+
+    pub async fn recv_publish(&mut self) -> Publish {
+        match self.recv().await {
+            Packet::Publish(p) => p,
+            other => panic!("expected PUBLISH, got {other:?}"),
+        }
+    }
+
+    /// Receive a PUBLISH and acknowledge it (PUBACK, or PUBREC/PUBREL/PUBCOMP for QoS 2).
+    pub async fn recv_publish_ack(&mut self) -> Publish {
+        let p = self.recv_publish().await;
+        match p.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => {
+                self.send(Packet::PubAck(PubResp::new(p.packet_id, 0)))
+                    .await
+            }
+            QoS::ExactlyOnce => {
+                self.send(Packet::PubRec(PubResp::new(p.packet_id, 0)))
+                    .await;
+                match self.recv().await {
+                    Packet::PubRel(r) => assert_eq!(r.packet_id, p.packet_id),
+                    other => panic!("expected PUBREL, got {other:?}"),
+                }
+                self.send(Packet::PubComp(PubResp::new(p.packet_id, 0)))
+                    .await;
+            }
+        }
+        p
+    }
+
+    /// Assert that nothing arrives (and the connection stays open) for `ms`.
+    pub async fn expect_nothing(&mut self, ms: u64) {
+        match self.try_recv(Duration::from_millis(ms)).await {
+            Err(RecvError::Timeout) => {}
+            other => panic!("expected silence, got {other:?}"),
+        }
+    }
+
+    /// Assert that nothing but a close follows (no packet) within [`RECV_MS`].
+    pub async fn expect_closed(&mut self) {
+        match self.try_recv(Duration::from_millis(RECV_MS)).await {
+            Err(RecvError::Closed) => {}
+            other => panic!("expected the connection to be closed, got {other:?}"),
+        }
+    }
+
+    /// Assert a DISCONNECT with `code` (MQTT 5), then the close.
+    pub async fn expect_disconnect(&mut self, code: u8) {
+        match self.try_recv(Duration::from_millis(RECV_MS)).await {
+            Ok(Packet::Disconnect(d)) => assert_eq!(
+                d.reason_code, code,
+                "DISCONNECT reason 0x{:02X}, expected 0x{code:02X} ({d:?})",
+                d.reason_code
+            ),
+            other => panic!("expected DISCONNECT 0x{code:02X}, got {other:?}"),
+        }
+        self.expect_closed().await;
+    }
+
+    /// Subscribe to one filter with plain options; asserts the SUBACK grants `qos`.
+    pub async fn subscribe(&mut self, filter: &str, qos: QoS) {
+        let ack = self.subscribe_with(&[(filter, sub_opts(qos))], None).await;
+        assert_eq!(ack.reason_codes, vec![qos.as_u8()], "SUBACK for {filter}");
+    }
+
+    /// SUBSCRIBE with explicit options and subscription identifier; returns the SUBACK.
+    pub async fn subscribe_with(
+        &mut self,
+        filters: &[(&str, SubscriptionOptions)],
+        sub_id: Option<u32>,
+    ) -> SubAck {
+        let pid = self.next_pid();
+        self.send(Packet::Subscribe(Subscribe {
+            packet_id: pid,
+            filters: filters
+                .iter()
+                .map(|(f, o)| SubscribeFilter {
+                    filter: f.to_string(),
+                    options: *o,
+                })
+                .collect(),
+            properties: SubscribeProperties {
+                subscription_identifier: sub_id,
+                user_properties: Vec::new(),
+            },
+        }))
+        .await;
+        match self.recv().await {
+            Packet::SubAck(a) => {
+                assert_eq!(a.packet_id, pid);
+                a
+            }
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+    }
+
+    pub async fn unsubscribe(&mut self, filter: &str) -> UnsubAck {
+        let pid = self.next_pid();
+        self.send(Packet::Unsubscribe(Unsubscribe {
+            packet_id: pid,
+            filters: vec![filter.to_string()],
+            user_properties: Vec::new(),
+        }))
+        .await;
+        match self.recv().await {
+            Packet::UnsubAck(a) => {
+                assert_eq!(a.packet_id, pid);
+                a
+            }
+            other => panic!("expected UNSUBACK, got {other:?}"),
+        }
+    }
+
+    pub async fn publish_qos0(&mut self, topic: &str, payload: &[u8]) {
+        self.send(Packet::Publish(publish(topic, QoS::AtMostOnce, 0, payload)))
+            .await;
+    }
+
+    /// Publish QoS 1 and wait for the PUBACK (returns its reason code).
+    pub async fn publish_qos1(&mut self, topic: &str, payload: &[u8]) -> u8 {
+        let pid = self.next_pid();
+        self.publish_acked(publish(topic, QoS::AtLeastOnce, pid, payload))
+            .await
+    }
+
+    /// Publish a QoS 1 or QoS 2 PUBLISH and complete its flow; returns PUBACK/PUBREC reason.
+    pub async fn publish_acked(&mut self, p: Publish) -> u8 {
+        let pid = p.packet_id;
+        let qos = p.qos;
+        self.send(Packet::Publish(p)).await;
+        match qos {
+            QoS::AtMostOnce => 0,
+            QoS::AtLeastOnce => match self.recv().await {
+                Packet::PubAck(a) => {
+                    assert_eq!(a.packet_id, pid);
+                    a.reason_code
+                }
+                other => panic!("expected PUBACK, got {other:?}"),
+            },
+            QoS::ExactlyOnce => {
+                let code = match self.recv().await {
+                    Packet::PubRec(a) => {
+                        assert_eq!(a.packet_id, pid);
+                        a.reason_code
+                    }
+                    other => panic!("expected PUBREC, got {other:?}"),
+                };
+                self.send(Packet::PubRel(PubResp::new(pid, 0))).await;
+                match self.recv().await {
+                    Packet::PubComp(a) => {
+                        assert_eq!(a.packet_id, pid);
+                        assert_eq!(a.reason_code, 0);
+                    }
+                    other => panic!("expected PUBCOMP, got {other:?}"),
+                }
+                code
+            }
+        }
+    }
+
+    /// A normal DISCONNECT (0x00), then wait for the server to close.
+    pub async fn disconnect(mut self) {
+        self.send(Packet::Disconnect(Disconnect::new(0))).await;
+        let _ = self.try_recv(Duration::from_millis(RECV_MS)).await;
+    }
+
+    /// Send DISCONNECT with a reason and optional session expiry, then wait for the close.
+    pub async fn disconnect_with(mut self, code: u8, session_expiry: Option<u32>) {
+        let mut d = Disconnect::new(code);
+        d.properties.session_expiry_interval = session_expiry;
+        self.send(Packet::Disconnect(d)).await;
+        let _ = self.try_recv(Duration::from_millis(RECV_MS)).await;
+    }
+}
+
+/// Wait until `f` is true (polling every 10 ms) or `ms` passed; returns the final value.
+pub async fn eventually(ms: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);
+    loop {
+        if f() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
