@@ -18,7 +18,11 @@ fn run(data: &[u8], version: ProtocolVersion, max: u32) {
                 let Ok(Some((_, total))) = peeked else {
                     panic!("decoded a packet that peek_fixed_header did not see: {peeked:?}");
                 };
-                assert_eq!(before.len() - buf.len(), total, "consumed exactly the packet");
+                assert_eq!(
+                    before.len() - buf.len(),
+                    total,
+                    "consumed exactly the packet"
+                );
                 let mut out = BytesMut::new();
                 encode(&packet, version, &mut out);
                 assert_eq!(out.len(), encoded_len(&packet, version), "encoded_len");
@@ -36,7 +40,11 @@ fn run(data: &[u8], version: ProtocolVersion, max: u32) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    for version in [ProtocolVersion::V5, ProtocolVersion::V311, ProtocolVersion::V31] {
+    for version in [
+        ProtocolVersion::V5,
+        ProtocolVersion::V311,
+        ProtocolVersion::V31,
+    ] {
         run(data, version, 0);
         run(data, version, 256);
     }

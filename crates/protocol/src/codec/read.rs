@@ -735,7 +735,12 @@ fn subscribe(r: &mut Reader<'_>, v5: bool) -> Result<Subscribe> {
         if o & if v5 { 0xc0 } else { 0xfc } != 0 {
             return Err(Malformed("subscription options reserved bits set"));
         }
-        let qos = QoS::from_u8(o & 0x03).ok_or(Malformed("subscription with QoS 3"))?;
+        // QoS 3: malformed in 3.1.1 [MQTT-3-8.3-4], a protocol error in MQTT 5 (3.8.3.1).
+        let qos = QoS::from_u8(o & 0x03).ok_or(if v5 {
+            Protocol("subscription with QoS 3")
+        } else {
+            Malformed("subscription with QoS 3")
+        })?;
         let retain_handling = (o >> 4) & 0x03;
         if retain_handling == 3 {
             return Err(Protocol("retain handling 3"));

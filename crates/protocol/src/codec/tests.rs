@@ -762,7 +762,7 @@ fn subscribe_v5() {
     let with = |opts: u8| pkt(0x82, &cat(&[&[0, 1, 0], &s("a"), &[opts]]));
     malformed(&with(0x40), V5); // reserved bits 6-7
     malformed(&with(0x80), V5);
-    malformed(&with(0x03), V5); // QoS 3
+    protocol(&with(0x03), V5); // QoS 3: a protocol error in MQTT 5 (3.8.3.1)
     protocol(&with(0x30), V5); // retain handling 3
     protocol(&pkt(0x82, &[0, 1, 0]), V5); // no filters
     protocol(&pkt(0x82, &cat(&[&[0, 0, 0], &s("a"), &[0]])), V5); // packet id 0
