@@ -437,12 +437,10 @@ fn round_trip(p: &Packet, v: ProtocolVersion) -> Result<(), TestCaseError> {
     prop_assert_eq!(out.len(), encoded_len(p, v));
     let bytes = out.clone();
     // Every proper prefix is incomplete and left untouched.
-    for cut in [0, 1, 2, out.len() / 2, out.len().saturating_sub(1)] {
-        if cut < out.len() {
-            let mut prefix = BytesMut::from(&bytes[..cut]);
-            prop_assert_eq!(decode(&mut prefix, v, 0), Ok(None));
-            prop_assert_eq!(&prefix[..], &bytes[..cut]);
-        }
+    for cut in 0..bytes.len() {
+        let mut prefix = BytesMut::from(&bytes[..cut]);
+        prop_assert_eq!(decode(&mut prefix, v, 0), Ok(None));
+        prop_assert_eq!(&prefix[..], &bytes[..cut]);
     }
     // A following packet stays in the buffer.
     out.extend_from_slice(&[0xC0, 0x00]);

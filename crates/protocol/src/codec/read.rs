@@ -3,7 +3,7 @@
 use super::props::{self, codes, Kind, Table};
 use super::DecodeError::{self, Malformed, Protocol};
 use crate::packets::*;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 type Result<T> = std::result::Result<T, DecodeError>;
 
@@ -110,7 +110,16 @@ pub fn decode(
     let packet = match packet_type {
         1 => Packet::Connect(Box::new(connect(&mut r)?)),
         2 => Packet::ConnAck(connack(&mut r, v5)?),
-        3 => Packet::Publish(publish(&mut r, h.first, v5)?),
+        3 => {
+            let mut publish = publish(&mut r, h.first, v5)?;
+            // The payload is the rest of the frame: reuse the frame's own handle instead of
+            // slicing it (saves a reference-count increment and decrement per PUBLISH).
+            let start = r.pos;
+            let mut payload = frame;
+            payload.advance(start);
+            publish.payload = payload;
+            return Ok(Some(Packet::Publish(publish)));
+        }
         4 => Packet::PubAck(pub_resp(&mut r, v5, codes::PUBACK)?),
         5 => Packet::PubRec(pub_resp(&mut r, v5, codes::PUBACK)?),
         6 => Packet::PubRel(pub_resp(&mut r, v5, codes::PUBREL)?),
@@ -221,13 +230,6 @@ impl<'a> Reader<'a> {
 
     fn string(&mut self) -> Result<String> {
         self.str().map(str::to_owned)
-    }
-
-    /// The rest of the frame, zero-copy.
-    fn rest(&mut self) -> Bytes {
-        let b = self.data.slice(self.pos.min(self.end)..self.end);
-        self.pos = self.end;
-        b
     }
 
     fn rest_vec(&mut self) -> Vec<u8> {
@@ -693,7 +695,8 @@ fn publish(r: &mut Reader<'_>, first: u8, v5: bool) -> Result<Publish> {
         topic,
         packet_id,
         properties,
-        payload: r.rest(),
+        // Filled in by `decode` with the rest of the frame.
+        payload: Bytes::new(),
     })
 }
 
