@@ -604,6 +604,204 @@ def s_maximum_packet_size():
     check(c.c.is_connected(), "client was disconnected")
 
 
+
+def s_retained_message_expiry():
+    """A retained message whose Message Expiry Interval has passed is not sent to a new
+    subscriber; an unexpired one carries the remaining interval (3.3.2.3.3) [MQTT-3.3.2-5/6]."""
+    pub = Client("rexp-pub").connect()
+    pub.publish("rexp/short", b"short", qos=1, retain=True, MessageExpiryInterval=2)
+    pub.publish("rexp/long", b"long", qos=1, retain=True, MessageExpiryInterval=20)
+    try:
+        time.sleep(3.0)
+        sub = Client("rexp-sub").connect()
+        sub.subscribe("rexp/#", 1)
+        sub.wait_msgs(1)
+        got = sub.quiet(0.7)
+        check(payloads(got) == [b"long"], f"expected only the unexpired b'long', got {got}")
+        mei = got[0].prop("MessageExpiryInterval")
+        check(mei is not None and 1 <= mei <= 18, f"remaining Message Expiry Interval {mei}, expected about 17")
+        check(got[0].retain, "retained message delivered on subscribe without RETAIN=1 [MQTT-3.3.1-8]")
+    finally:
+        pub.publish("rexp/long", b"", qos=1, retain=True)
+
+
+def s_shared_subscription_no_retained():
+    """Retained messages are sent for new Non-shared Subscriptions only (3.3.1.3, 4.8.2)."""
+    pub = Client("shret-pub").connect()
+    pub.publish("shret/t", b"kept", qos=1, retain=True)
+    try:
+        sh = observer("shret-sh", "$share/g/shret/#")
+        plain = observer("shret-plain", "shret/#")
+        check(payloads(plain.wait_msgs(1)) == [b"kept"], f"plain subscriber: {plain.msgs}")
+        got = sh.quiet(0.7)
+        check(not got, f"shared subscriber got retained messages: {got}")
+    finally:
+        pub.publish("shret/t", b"", qos=1, retain=True)
+
+
+def s_will_properties_and_retain():
+    """Will properties (content type, user properties, response topic, correlation data,
+    message expiry) are forwarded and a retained will is kept for late subscribers (3.1.3.2)."""
+    obs = observer("wp-obs", "wp/will")
+    w = Client("wp-w")
+    ups = [("who", "wp-w"), ("why", "crash")]
+    w.c.will_set("wp/will", b"bye", 1, retain=True, properties=props(
+        PacketTypes.WILLMESSAGE, ContentType="text/plain", UserProperty=ups, ResponseTopic="wp/resp",
+        CorrelationData=b"cd", MessageExpiryInterval=60, PayloadFormatIndicator=1))
+    w.connect()
+    w.kill()
+    try:
+        got = obs.wait_msgs(1)
+        check(got, "will not published")
+        m = got[0]
+        seen = (m.payload, m.prop("ContentType"), m.prop("UserProperty"), m.prop("ResponseTopic"),
+                m.prop("CorrelationData"), m.prop("PayloadFormatIndicator"))
+        check(seen == (b"bye", "text/plain", ups, "wp/resp", b"cd", 1), f"will as received: {seen}")
+        mei = m.prop("MessageExpiryInterval")
+        check(mei is not None and 55 <= mei <= 60, f"will Message Expiry Interval {mei}, expected ~60")
+        late = observer("wp-late", "wp/will")
+        lg = late.wait_msgs(1)
+        check(lg and lg[0].payload == b"bye" and lg[0].retain, f"retained will for a late subscriber: {lg}")
+    finally:
+        Client("wp-clean").connect().publish("wp/will", b"", qos=1, retain=True)
+
+
+def s_session_takeover():
+    """A second connection with the same Client Identifier takes the session over: the first
+    gets DISCONNECT 0x8E [MQTT-3.1.4-3], the second sees session_present and the subscription."""
+    a = Client("tko").connect(expiry=60)
+    a.subscribe("tko/t", 1)
+    b = Client("tko").connect(clean_start=False, expiry=60)
+    check(b.session_present, "second connection: session_present 0")
+    check(a._wait(lambda: a.disconnected is not None, WAIT), "first connection not disconnected")
+    rc = a.disconnected[0]
+    check(getattr(rc, "value", rc) == 0x8E, f"first connection: disconnect reason {rc}, expected 0x8E Session taken over")
+    pub = Client("tko-pub").connect()
+    pub.publish("tko/t", b"after", qos=1)
+    check(payloads(b.wait_msgs(1)) == [b"after"], f"subscription not kept: {b.msgs}")
+    b.disconnect(0, SessionExpiryInterval=0)
+
+
+def s_keep_alive_enforced():
+    """Keep Alive 1 s and silence: the server closes the connection within 1.5 x keep alive
+    [MQTT-3.1.2-22] (MQTT 5: with DISCONNECT 0x8D)."""
+    c = Client("ka").connect(keepalive=1)
+    ka = c.connack_prop("ServerKeepAlive")
+    check(ka in (None, 1), f"Server Keep Alive {ka}")
+    c.c.loop_stop()  # paho stops sending PINGREQ
+    s = c.c.socket()
+    s.settimeout(0.2)
+    t0 = time.monotonic()
+    data = b""
+    closed = None
+    while time.monotonic() - t0 < 4.0:
+        try:
+            chunk = s.recv(64)
+        except socket.timeout:
+            continue
+        except OSError:
+            closed = time.monotonic() - t0
+            break
+        if not chunk:
+            closed = time.monotonic() - t0
+            break
+        data += chunk
+    check(closed is not None, f"connection still open {time.monotonic() - t0:.1f}s after the last packet")
+    check(closed <= 2.5, f"closed after {closed:.2f}s, expected <= 1.5 s (+ margin)")
+    check(closed >= 0.9, f"closed after {closed:.2f}s, before the keep alive elapsed")
+    while data.startswith(b"\xd0\x00"):  # a PINGRESP to paho's last PINGREQ
+        data = data[2:]
+    check(data[:1] == b"\xe0" and len(data) >= 3 and data[2] == 0x8D,
+          f"expected DISCONNECT 0x8D before the close, got {data.hex()}")
+
+
+def s_unsubscribe():
+    """UNSUBACK 0x00 for an existing subscription, 0x11 for none; no messages afterwards (3.11)."""
+    c = Client("uns").connect()
+    c.subscribe("uns/t", 1)
+    res = {}
+
+    def on_unsub(cl, ud, mid, rcs, properties):
+        with c.cond:
+            res[mid] = rcs
+            c.cond.notify_all()
+
+    c.c.on_unsubscribe = on_unsub
+    _, mid = c.c.unsubscribe(["uns/t", "uns/never"])
+    check(c._wait(lambda: mid in res), "no UNSUBACK")
+    codes = [getattr(r, "value", r) for r in res[mid]]
+    check(codes == [0x00, 0x11], f"UNSUBACK reason codes {codes}, expected [0x00, 0x11]")
+    Client("uns-pub").connect().publish("uns/t", b"x", qos=1)
+    got = c.quiet(0.7)
+    check(not got, f"message after unsubscribe: {got}")
+
+
+def s_topic_alias_errors():
+    """Topic Alias above the announced maximum (64) -> DISCONNECT 0x94 (3.3.2.3.4); alias 0 is
+    not permitted [MQTT-3.3.2-8] (0x94, or 0x81/0x82: the spec names no code); an unknown
+    alias with an empty topic -> DISCONNECT 0x82 Protocol Error (3.3.2.3.4)."""
+    for alias, topic, want in ((0, "tae/t", (0x94, 0x81, 0x82)), (65, "tae/t", (0x94,)), (7, "", (0x82,))):
+        c = Client(f"tae-{alias}").connect()
+        p = Properties(PacketTypes.PUBLISH)
+        object.__setattr__(p, "TopicAlias", alias)  # bypass paho's range check for alias 0
+        c.c.publish(topic, b"x", qos=0, properties=p)
+        check(c._wait(lambda: c.disconnected is not None, WAIT),
+              f"TopicAlias={alias} topic={topic!r}: not disconnected")
+        rc = c.disconnected[0]
+        check(getattr(rc, "value", rc) in want,
+              f"TopicAlias={alias} topic={topic!r}: reason {rc}, expected {' or '.join(f'0x{w:02X}' for w in want)}")
+        c.close()
+
+
+def s_overlapping_subscriptions_qos():
+    """Overlapping subscriptions of one client: delivered with the maximum granted QoS
+    (3.3.4, non-normative: one message per matching subscription or one with the max QoS)."""
+    c = Client("ovl").connect()
+    c.subscribe("ovl/#", 0)
+    c.subscribe("ovl/t", 2)
+    Client("ovl-pub").connect().publish("ovl/t", b"x", qos=2)
+    c.wait_msgs(1)
+    got = c.quiet(0.7)
+    check(got and max(m.qos for m in got) == 2, f"copies received with QoS {[m.qos for m in got]}, expected one with 2")
+
+
+def s_assigned_client_identifier():
+    """Empty Client Identifier: CONNACK carries an Assigned Client Identifier [MQTT-3.2.2-16]."""
+    c = Client("").connect()
+    aid = c.connack_prop("AssignedClientIdentifier")
+    check(aid, f"no Assigned Client Identifier (CONNACK properties {c.connack[2]})")
+    d = Client("").connect()
+    check(d.connack_prop("AssignedClientIdentifier") != aid, "two clients were assigned the same identifier")
+
+
+def s_session_expiry():
+    """Session Expiry Interval 2: after 3 s offline the session is gone (session_present 0, no
+    queued messages) (3.1.2.11.2)."""
+    s = Client("sexp").connect(expiry=2)
+    s.subscribe("sexp/t", 1)
+    s.disconnect(0)
+    Client("sexp-pub").connect().publish("sexp/t", b"queued", qos=1)
+    time.sleep(3.0)
+    s2 = Client("sexp").connect(clean_start=False, expiry=0)
+    check(not s2.session_present, "session still present 3 s after its 2 s expiry")
+    got = s2.quiet(0.7)
+    check(not got, f"messages from the expired session: {got}")
+
+
+def s_ordering_qos1():
+    """200 QoS 1 messages from one publisher arrive in order [MQTT-4.6.0-5]."""
+    sub = observer("ord-sub", "ord/t")
+    pub = Client("ord-pub").connect()
+    n = 200
+    infos = [pub.c.publish("ord/t", str(i).encode(), qos=1) for i in range(n)]
+    for i in infos:
+        i.wait_for_publish(WAIT)
+    got = sub.wait_msgs(n, 10)
+    check(payloads(got) == [str(i).encode() for i in range(n)],
+          f"{len(got)} of {n} received; first out of order at "
+          f"{next((k for k, m in enumerate(got) if m.payload != str(k).encode()), None)}")
+
+
 SCENARIOS = [v for k, v in list(globals().items()) if k.startswith("s_") and callable(v)]
 
 
