@@ -422,3 +422,139 @@ pub async fn eventually(ms: u64, mut f: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A rumqttc MQTT 5 client whose event loop runs in a task; incoming PUBLISH packets arrive on
+/// the returned channel. Returns once CONNACK was received.
+pub async fn rumqttc_v5(
+    addr: SocketAddr,
+    client_id: &str,
+) -> (
+    rumqttc::v5::AsyncClient,
+    tokio::sync::mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Packet>,
+) {
+    use rumqttc::v5::mqttbytes::v5::Packet as P5;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let mut opts = MqttOptions::new(client_id, addr.ip().to_string(), addr.port());
+    opts.set_keep_alive(Duration::from_secs(30));
+    let (client, mut el) = AsyncClient::new(opts, 64);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (ctx, crx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut ctx = Some(ctx);
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(P5::ConnAck(_))) => {
+                    if let Some(c) = ctx.take() {
+                        let _ = c.send(());
+                    }
+                }
+                Ok(Event::Incoming(p)) => {
+                    if tx.send(p).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_millis(RECV_MS), crx)
+        .await
+        .expect("rumqttc v5 CONNACK in time")
+        .expect("rumqttc v5 connected");
+    (client, rx)
+}
+
+/// Like [`rumqttc_v5`] for MQTT 3.1.1.
+pub async fn rumqttc_v311(
+    addr: SocketAddr,
+    client_id: &str,
+    clean_session: bool,
+) -> (
+    rumqttc::AsyncClient,
+    tokio::sync::mpsc::UnboundedReceiver<rumqttc::Packet>,
+) {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet as P4};
+    let mut opts = MqttOptions::new(client_id, addr.ip().to_string(), addr.port());
+    opts.set_keep_alive(Duration::from_secs(30));
+    opts.set_clean_session(clean_session);
+    let (client, mut el) = AsyncClient::new(opts, 64);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (ctx, crx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut ctx = Some(ctx);
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(P4::ConnAck(a))) => {
+                    if let Some(c) = ctx.take() {
+                        let _ = c.send(a.session_present);
+                    }
+                }
+                Ok(Event::Incoming(p)) => {
+                    if tx.send(p).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_millis(RECV_MS), crx)
+        .await
+        .expect("rumqttc CONNACK in time")
+        .expect("rumqttc connected");
+    (client, rx)
+}
+
+/// Receive from a channel within [`RECV_MS`].
+pub async fn recv_chan<T>(rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>) -> T {
+    tokio::time::timeout(Duration::from_millis(RECV_MS), rx.recv())
+        .await
+        .expect("message in time")
+        .expect("channel open")
+}
+
+/// The next PUBLISH received by a rumqttc v5 client (other packets skipped).
+pub async fn rumqttc_v5_publish(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Packet>,
+) -> rumqttc::v5::mqttbytes::v5::Publish {
+    loop {
+        if let rumqttc::v5::mqttbytes::v5::Packet::Publish(p) = recv_chan(rx).await {
+            return p;
+        }
+    }
+}
+
+/// Wait for the next SUBACK of a rumqttc v5 client.
+pub async fn rumqttc_v5_suback(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<rumqttc::v5::mqttbytes::v5::Packet>,
+) -> rumqttc::v5::mqttbytes::v5::SubAck {
+    loop {
+        if let rumqttc::v5::mqttbytes::v5::Packet::SubAck(a) = recv_chan(rx).await {
+            return a;
+        }
+    }
+}
+
+/// The next PUBLISH received by a rumqttc 3.1.1 client (other packets skipped).
+pub async fn rumqttc_v311_publish(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<rumqttc::Packet>,
+) -> rumqttc::Publish {
+    loop {
+        if let rumqttc::Packet::Publish(p) = recv_chan(rx).await {
+            return p;
+        }
+    }
+}
+
+/// Wait for the next SUBACK of a rumqttc 3.1.1 client.
+pub async fn rumqttc_v311_suback(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<rumqttc::Packet>,
+) -> rumqttc::SubAck {
+    loop {
+        if let rumqttc::Packet::SubAck(a) = recv_chan(rx).await {
+            return a;
+        }
+    }
+}
