@@ -134,6 +134,9 @@ pub struct MqttConfig {
     /// Filters on which SUBSCRIBE is refused with 0x87 (a simple allow-list-free deny list, used
     /// for conformance testing; full ACL files come with the ACL engine).
     pub deny_subscribe: Vec<String>,
+    /// SUBACK reason code for a filter refused by `deny_subscribe` (MQTT 5; 3.1.1 always gets
+    /// 0x80). 0x87 "not authorized" by default; some test suites expect 0x80.
+    pub deny_subscribe_reason_code: u8,
     /// Response Information returned when a client asks for it; `{client_id}` is substituted.
     pub response_information: Option<String>,
 }
@@ -156,6 +159,7 @@ impl Default for MqttConfig {
             maximum_qos: 2,
             retain_available: true,
             deny_subscribe: Vec::new(),
+            deny_subscribe_reason_code: 0x87,
             response_information: None,
         }
     }
@@ -239,6 +243,12 @@ impl Config {
             errors.push(format!(
                 "mqtt.maximum_qos: {} is not a QoS (0, 1 or 2)",
                 m.maximum_qos
+            ));
+        }
+        if m.deny_subscribe_reason_code < 0x80 {
+            errors.push(format!(
+                "mqtt.deny_subscribe_reason_code: {:#04x} is not a failure code (must be >= 0x80)",
+                m.deny_subscribe_reason_code
             ));
         }
         for f in &m.deny_subscribe {

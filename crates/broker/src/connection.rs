@@ -36,6 +36,10 @@ const WRITE_HIGH_WATER_BYTES: usize = 64 * 1024;
 const READ_BUFFER_BYTES: usize = 8 * 1024;
 /// How long the final DISCONNECT and buffered data may take to flush.
 const FLUSH_TIMEOUT_MS: u64 = 1_000;
+/// How long input is drained after a server-initiated DISCONNECT.
+const LINGER_MS: u64 = 500;
+/// How much input is drained at most after a server-initiated DISCONNECT.
+const LINGER_BYTES_MAX: usize = 1024 * 1024;
 
 /// How a connection ends.
 #[derive(Debug, Clone, Copy)]
@@ -127,8 +131,29 @@ where
     };
     tracing::Span::current().record("client_id", &*conn.client_id);
     let close = conn.run_loop(&mut reader, &mut writer, rbuf).await;
+    let v5 = conn.version.is_v5();
     conn.finish(close, &mut writer).await;
+    if close.reason.is_some() && v5 {
+        linger(&mut reader).await;
+    }
     Ok(())
+}
+
+/// After a server-sent DISCONNECT and a write shutdown, read and discard what the client still
+/// sends for a moment, so closing does not reset the connection before the client has read
+/// the DISCONNECT (a reset can discard data not yet read). Bounded in time and bytes.
+async fn linger<R: AsyncRead + Unpin>(reader: &mut R) {
+    let mut buf = [0u8; 4096];
+    let mut budget = LINGER_BYTES_MAX;
+    let _ = tokio::time::timeout(Duration::from_millis(LINGER_MS), async {
+        while budget > 0 {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => budget = budget.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// Map a decode error of the first packet to a CONNACK where the protocol allows one.
@@ -846,7 +871,7 @@ impl Conn {
                 .any(|d| d == inner || (!topic::has_wildcards(inner) && topic::matches(d, inner)));
             if denied {
                 codes.push(if v5 {
-                    rc::NOT_AUTHORIZED
+                    cfg.deny_subscribe_reason_code
                 } else {
                     rc::UNSPECIFIED_ERROR
                 });
