@@ -61,7 +61,7 @@ pub struct PubResult {
     pub acked: u64,
     pub ack_errors: u64,
     pub subs_per_msg: u64,
-    /// Nanos since base of the last PUBLISH handed to the socket.
+    /// Nanos since base when the last PUBLISH bytes were written to the socket.
     pub last_send_ns: u64,
     pub error: Option<String>,
 }
@@ -100,6 +100,8 @@ async fn publish_loop(
     let mut next_pid: u16 = 0;
     let mut inflight = 0usize;
     let mut done_sending = false;
+    // wbuf holds PUBLISH bytes (not only PUBRELs) not yet written.
+    let mut pub_pending = false;
     let tag_hi = u64::from(cfg.id) << 32;
     if *stop.borrow() {
         return Ok(());
@@ -156,7 +158,7 @@ async fn publish_loop(
                 if ts >= shared.measure_start_ns {
                     r.sent_measured += n;
                 }
-                r.last_send_ns = ts;
+                pub_pending = true;
                 shared.sent.fetch_add(n, Ordering::Relaxed);
                 shared
                     .expected
@@ -214,6 +216,10 @@ async fn publish_loop(
                     bail!("write returned 0");
                 }
                 wbuf.advance(n);
+                if pub_pending {
+                    r.last_send_ns = shared.now_ns();
+                    pub_pending = !wbuf.is_empty();
+                }
             }
             _ = sleep_until(wake.unwrap_or(now).into()), if wake.is_some() => {}
         }

@@ -13,12 +13,20 @@ struct Cli {
     opts: lanemq_bench::BenchOpts,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let report = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?;
-    let report = rt.block_on(lanemq_bench::run(cli.opts))?;
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(lanemq_bench::run(cli.opts)));
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lanemq-bench: {e:#}");
+            std::process::exit(1);
+        }
+    };
     // With --json - the JSON owns stdout; the summary goes to stderr.
     if report
         .opts
@@ -30,8 +38,8 @@ fn main() -> anyhow::Result<()> {
     } else {
         print!("{report}");
     }
+    // 2 = ran but the result is not usable (hard timeout, nothing published).
     if report.timed_out || (report.mode == "throughput" && report.published == 0) {
         std::process::exit(2);
     }
-    Ok(())
 }

@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: lanemq vs Debian's mosquitto, same load generator
+# (target/release/lanemq-bench), same machine, runs ALTERNATING per round
+# (mosquitto lanemq mosquitto lanemq ...) so drifting machine load hits both.
+#
+# Every broker run gets a fresh broker process on a free 127.0.0.1 port; the
+# generator samples its RSS from /proc. All traffic stays on loopback.
+#
+# Environment:
+#   ROUNDS=3          rounds per scenario (median is reported)
+#   DURATION=5        measured seconds per run (plus WARMUP)
+#   WARMUP=1          warm-up seconds per run
+#   IDLE_CONNS=10000  idle connections for the RSS scenario
+#   INFLIGHT=100      QoS 1 window per publisher = mosquitto max_inflight_messages
+#   SCENARIOS="fanin_q0 fanout_q0 fanin_q1 fanin_q1_1k latency_q0 idle"
+#   BROKERS="mosquitto lanemq"
+#   RESULTS=target/bench-results/<timestamp>   where the JSON goes
+#   SVG=docs/bench.svg  chart output ("" = no chart)
+#   LANEMQ_CMD='...'  lanemq command line; {PORT} and {DATA} are substituted
+#                     (default: target/release/lanemq serve --mqtt 127.0.0.1:{PORT} --data-dir {DATA})
+#   MOSQUITTO=/usr/sbin/mosquitto
+#   MOSQ_NODELAY=auto mosquitto set_tcp_nodelay: auto = its default (false,
+#                     Nagle on: much higher saturated throughput) for the
+#                     throughput scenarios and true for latency_q0 (Nagle +
+#                     delayed ACK adds ~10 ms there), i.e. its best config per
+#                     scenario; or force true / false
+#   SKIP_BUILD=1      do not run cargo build
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+WARMUP=${WARMUP:-1}
+IDLE_CONNS=${IDLE_CONNS:-10000}
+INFLIGHT=${INFLIGHT:-100}
+SCENARIOS=${SCENARIOS:-"fanin_q0 fanout_q0 fanin_q1 fanin_q1_1k latency_q0 idle"}
+BROKERS=${BROKERS:-"mosquitto lanemq"}
+RESULTS=${RESULTS:-$ROOT/target/bench-results/$(date +%Y%m%d-%H%M%S)}
+SVG=${SVG-$ROOT/docs/bench.svg}
+MOSQUITTO=${MOSQUITTO:-/usr/sbin/mosquitto}
+MOSQ_NODELAY=${MOSQ_NODELAY:-auto}
+BENCH=$ROOT/target/release/lanemq-bench
+LANEMQ_BIN=$ROOT/target/release/lanemq
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+
+TMP=$(mktemp -d /tmp/lanemq-bench.XXXXXX)
+BROKER_PID=""
+cleanup() {
+    stop_broker
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- set-up
+if [[ -z ${SKIP_BUILD:-} ]]; then
+    log "building release binaries"
+    if ! cargo build --release -p lanemq -p lanemq-bench; then
+        log "building lanemq failed; building lanemq-bench alone (lanemq runs will be skipped)"
+        cargo build --release -p lanemq-bench
+    fi
+fi
+[[ -x $BENCH ]] || { log "missing $BENCH"; exit 1; }
+
+if [[ ! -x $MOSQUITTO ]]; then
+    log "installing mosquitto"
+    apt-get install -y mosquitto >/dev/null || { apt-get update >/dev/null && apt-get install -y mosquitto >/dev/null; }
+fi
+# The Debian package starts a system instance on :1883; we never use it.
+command -v systemctl >/dev/null && systemctl stop mosquitto >/dev/null 2>&1 || true
+
+# Idle connections need one fd each on both sides.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+NOFILE=$(ulimit -n)
+if [[ $NOFILE != unlimited ]] && ((NOFILE < IDLE_CONNS + 512)); then
+    log "ulimit -n is $NOFILE; lowering IDLE_CONNS from $IDLE_CONNS to $((NOFILE - 512))"
+    IDLE_CONNS=$((NOFILE - 512))
+fi
+
+LANEMQ_OK=1
+if [[ -z ${LANEMQ_CMD:-} ]]; then
+    if [[ ! -x $LANEMQ_BIN ]]; then
+        log "SKIP lanemq: $LANEMQ_BIN does not exist"
+        LANEMQ_OK=0
+    elif ! timeout 10 "$LANEMQ_BIN" serve --help 2>&1 | grep -q -- '--mqtt'; then
+        log "SKIP lanemq: '$LANEMQ_BIN serve --help' does not offer --mqtt (no serve subcommand yet)"
+        LANEMQ_OK=0
+    fi
+    LANEMQ_CMD="$LANEMQ_BIN serve --mqtt 127.0.0.1:{PORT} --data-dir {DATA}"
+fi
+
+mkdir -p "$RESULTS"
+{
+    echo "date: $(date -Is)"
+    echo "nproc: $(nproc)"
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+    echo "kernel: $(uname -r)"
+    echo "mosquitto: $("$MOSQUITTO" -h 2>/dev/null | head -1 || true)"
+    echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo "rounds: $ROUNDS duration: $DURATION warmup: $WARMUP inflight: $INFLIGHT idle: $IDLE_CONNS"
+} >"$RESULTS/machine.txt"
+cat "$RESULTS/machine.txt" >&2
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_port() { # port timeout_tenths
+    local i
+    for ((i = 0; i < $2; i++)); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+        if [[ -n $BROKER_PID ]] && ! kill -0 "$BROKER_PID" 2>/dev/null; then return 1; fi
+        sleep 0.1
+    done
+    return 1
+}
+
+stop_broker() {
+    [[ -n $BROKER_PID ]] || return 0
+    kill "$BROKER_PID" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$BROKER_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -9 "$BROKER_PID" 2>/dev/null || true
+    wait "$BROKER_PID" 2>/dev/null || true
+    BROKER_PID=""
+}
+
+# start_broker NAME SCENARIO -> sets PORT and BROKER_PID, returns 1 on failure
+start_broker() {
+    local nodelay=$MOSQ_NODELAY
+    if [[ $nodelay == auto ]]; then
+        if [[ $2 == latency_q0 ]]; then nodelay=true; else nodelay=false; fi
+    fi
+    PORT=$(free_port)
+    local dir="$TMP/$1-$PORT"
+    mkdir -p "$dir/data"
+    case $1 in
+    mosquitto)
+        cat >"$dir/mosquitto.conf" <<EOF
+listener $PORT 127.0.0.1
+allow_anonymous true
+persistence false
+# never drop for queue limits during a benchmark
+max_queued_messages 10000000
+max_queued_bytes 0
+max_inflight_messages $INFLIGHT
+max_connections -1
+set_tcp_nodelay $nodelay
+connection_messages false
+log_dest file $dir/mosquitto.log
+EOF
+        "$MOSQUITTO" -c "$dir/mosquitto.conf" >"$dir/stdout.log" 2>&1 &
+        ;;
+    lanemq)
+        local cmd=${LANEMQ_CMD//\{PORT\}/$PORT}
+        cmd=${cmd//\{DATA\}/$dir/data}
+        # shellcheck disable=SC2086 # word splitting of the command line is intended
+        $cmd >"$dir/stdout.log" 2>&1 &
+        ;;
+    esac
+    BROKER_PID=$!
+    if ! wait_port "$PORT" 100; then
+        log "$1 did not start listening on $PORT; log:"
+        tail -20 "$dir/stdout.log" >&2 || true
+        stop_broker
+        return 1
+    fi
+}
+
+scenario_args() {
+    local common="--duration $DURATION --warmup $WARMUP --drain 5 --inflight $INFLIGHT --quiet"
+    case $1 in
+    fanin_q0) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 0 --payload 64" ;;
+    fanout_q0) echo "$common --topic-mode fan-out --publishers 1 --subscribers 10 --qos 0 --payload 64" ;;
+    fanin_q1) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 1 --payload 64" ;;
+    fanin_q1_1k) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 1 --payload 1024" ;;
+    latency_q0) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 0 --payload 64 --rate $LAT_RATE" ;;
+    idle) echo "--idle-connections $IDLE_CONNS --duration $DURATION --keepalive 60 --connect-concurrency 200 --quiet" ;;
+    *) return 1 ;;
+    esac
+}
+
+# Median of mosquitto's fan-in QoS 0 delivered rate, halved, for latency_q0.
+latency_rate() {
+    python3 - "$RESULTS" <<'EOF'
+import glob, json, statistics, sys
+v = []
+for f in glob.glob(sys.argv[1] + "/fanin_q0.mosquitto.r*.json"):
+    with open(f) as fh:
+        r = json.load(fh)
+    if r.get("msgs_per_sec_out"):
+        v.append(r["msgs_per_sec_out"])
+print(int(statistics.median(v) / 2) if v else 0)
+EOF
+}
+
+run_one() { # scenario broker round
+    local s=$1 b=$2 r=$3 out="$RESULTS/$1.$2.r$3.json"
+    if ! start_broker "$b" "$s"; then
+        return 0
+    fi
+    local args
+    args=$(scenario_args "$s")
+    log "$s $b round $r: lanemq-bench --port $PORT $args (load $(cut -d' ' -f1-3 /proc/loadavg))"
+    # shellcheck disable=SC2086
+    local rc=0
+    timeout 180 "$BENCH" --port "$PORT" --broker-pid "$BROKER_PID" --json "$out" $args >"$RESULTS/$1.$2.r$3.txt" 2>&1 || rc=$?
+    ((rc == 0)) || log "run failed (exit $rc):"
+    sed 's/^/    /' "$RESULTS/$1.$2.r$3.txt" >&2
+    stop_broker
+}
+
+LAT_RATE=${LAT_RATE:-}
+for s in $SCENARIOS; do
+    if [[ $s == latency_q0 && -z $LAT_RATE ]]; then
+        LAT_RATE=$(latency_rate)
+        if [[ $LAT_RATE == 0 ]]; then
+            LAT_RATE=20000
+            log "no mosquitto fanin_q0 result; latency_q0 uses --rate $LAT_RATE"
+        else
+            log "latency_q0 at 50% of mosquitto's fan-in QoS 0 max: --rate $LAT_RATE"
+        fi
+        echo "latency_rate: $LAT_RATE" >>"$RESULTS/machine.txt"
+    fi
+    for ((round = 1; round <= ROUNDS; round++)); do
+        for b in $BROKERS; do
+            if [[ $b == lanemq && $LANEMQ_OK == 0 ]]; then continue; fi
+            run_one "$s" "$b" "$round"
+        done
+    done
+done
+
+python3 "$ROOT/interop/bench_plot.py" "$RESULTS" ${SVG:+--svg "$SVG"} | tee "$RESULTS/table.txt"
+log "results in $RESULTS"
