@@ -82,7 +82,10 @@ pub fn parse_shared(filter: &str) -> Result<Option<SharedFilter<'_>>, SharedErro
     if !valid_filter(inner) {
         return Err(SharedError::BadFilter);
     }
-    Ok(Some(SharedFilter { group, filter: inner }))
+    Ok(Some(SharedFilter {
+        group,
+        filter: inner,
+    }))
 }
 
 #[cfg(test)]
@@ -91,7 +94,9 @@ mod tests {
 
     #[test]
     fn filters() {
-        for ok in ["a", "a/b", "#", "+", "a/+/b", "a/#", "+/+", "/", "//", "$SYS/#", "a/+"] {
+        for ok in [
+            "a", "a/b", "#", "+", "a/+/b", "a/#", "+/+", "/", "//", "$SYS/#", "a/+",
+        ] {
             assert!(valid_filter(ok), "{ok}");
         }
         for bad in ["", "a#", "a/#/b", "a+", "+a/b", "a/b#", "##", "a/\0"] {
@@ -141,7 +146,10 @@ mod tests {
     fn shared() {
         assert_eq!(
             parse_shared("$share/g/a/#"),
-            Ok(Some(SharedFilter { group: "g", filter: "a/#" }))
+            Ok(Some(SharedFilter {
+                group: "g",
+                filter: "a/#"
+            }))
         );
         assert_eq!(parse_shared("a/b"), Ok(None));
         assert_eq!(parse_shared("$share/g"), Err(SharedError::BadFilter));
