@@ -808,7 +808,9 @@ impl Conn {
                         return Err(Close::error(rc::RECEIVE_MAXIMUM_EXCEEDED));
                     }
                     let code = self.accept(topic, p);
-                    self.session.lock().inbound_qos2.insert(pid);
+                    if code < 0x80 {
+                        self.session.lock().inbound_qos2.insert(pid);
+                    }
                     code
                 };
                 self.encode_ack(Packet::PubRec(PubResp::new(pid, code)));
@@ -819,6 +821,15 @@ impl Conn {
 
     /// Hand an accepted PUBLISH to ingest; returns the PUBACK/PUBREC reason code.
     fn accept(&mut self, topic: Arc<str>, p: Publish) -> u8 {
+        if topic.starts_with("$SYS/") || &*topic == "$SYS" {
+            // The broker's own statistics: clients may read them, never write them.
+            debug!(topic = %topic, "publish to $SYS refused");
+            return if self.version.is_v5() {
+                rc::NOT_AUTHORIZED
+            } else {
+                rc::SUCCESS
+            };
+        }
         let msg = Message::new(
             topic,
             p.payload,
