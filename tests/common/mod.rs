@@ -21,11 +21,13 @@ pub const QUIET_MS: u64 = 250;
 
 /// A configuration with one TCP listener on `127.0.0.1:0` and `$SYS` disabled.
 pub fn config() -> Config {
-    let mut cfg = Config::default();
-    cfg.listeners = vec![ListenerConfig {
-        bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-        ..ListenerConfig::default()
-    }];
+    let mut cfg = Config {
+        listeners: vec![ListenerConfig {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            ..ListenerConfig::default()
+        }],
+        ..Config::default()
+    };
     cfg.server.sys_interval_s = 0;
     cfg.server.shutdown_grace_ms = 1_000;
     cfg
