@@ -129,8 +129,13 @@ async fn handshake(stream: &mut TcpStream, path: &str) -> io::Result<Vec<u8>> {
         }
         Err(refused) => {
             let body = format!("{}\n", refused.reason);
+            let connection = if refused.extra_headers.starts_with("Upgrade:") {
+                "Upgrade, close"
+            } else {
+                "close"
+            };
             let response = format!(
-                "HTTP/1.1 {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n{}Connection: close\r\n\r\n{body}",
+                "HTTP/1.1 {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n{}Connection: {connection}\r\n\r\n{body}",
                 refused.status,
                 body.len(),
                 refused.extra_headers,
@@ -186,7 +191,8 @@ fn check_request(req: &httparse::Request<'_, '_>, path: &str) -> Result<String, 
         return Err(Refused {
             status: "426 Upgrade Required",
             reason: "this endpoint only serves MQTT over WebSocket".into(),
-            extra_headers: "Upgrade: websocket\r\nConnection: Upgrade\r\n",
+            // An Upgrade header is hop-by-hop: Connection names it (see `handshake`).
+            extra_headers: "Upgrade: websocket\r\n",
         });
     }
     if header_tokens(req, "sec-websocket-version") != ["13"] {

@@ -404,6 +404,11 @@ async fn ws_refuses_wrong_path_and_subprotocol() {
     assert!(resp.starts_with("HTTP/1.1 404 "), "{resp}");
     let resp = raw_http(addr, "GET /mqtt HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
     assert!(resp.starts_with("HTTP/1.1 426 "), "{resp}");
+    assert!(resp.contains("\r\nUpgrade: websocket\r\n"), "{resp}");
+    assert!(
+        resp.contains("\r\nConnection: Upgrade, close\r\n"),
+        "{resp}"
+    );
 
     // Only unknown subprotocols offered.
     let resp = raw_http(
@@ -497,21 +502,36 @@ async fn bad_tls_files_fail_start_naming_the_file() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_handshake_timeout_and_garbage() {
+async fn handshake_timeouts_and_garbage() {
     let certs = make_certs("timeout");
-    let mut config = config(vec![listener(ListenerKind::Tls, Some(&certs))], &certs.dir);
+    let mut config = config(
+        vec![
+            listener(ListenerKind::Tls, Some(&certs)),
+            listener(ListenerKind::Ws, None),
+        ],
+        &certs.dir,
+    );
     config.mqtt.connect_timeout_ms = 300;
     let server = Server::start(config).await.unwrap();
     let addr = server.local_addrs()[0];
+    let ws_addr = server.local_addrs()[1];
 
-    // Silent client: dropped after the handshake timeout.
-    let mut idle = TcpStream::connect(addr).await.unwrap();
-    let mut buf = [0u8; 64];
-    let n = tokio::time::timeout(WAIT, idle.read(&mut buf))
-        .await
-        .expect("server must drop a silent client")
-        .unwrap_or(0);
-    assert_eq!(n, 0);
+    // Silent clients, and one that never finishes its HTTP request: dropped after the
+    // handshake timeout.
+    for (addr, send) in [
+        (addr, ""),
+        (ws_addr, ""),
+        (ws_addr, "GET /mqtt HTTP/1.1\r\n"),
+    ] {
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(send.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(WAIT, idle.read(&mut buf))
+            .await
+            .expect("server must drop a silent client")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
 
     // Plain MQTT on the TLS port: refused, and the server keeps serving TLS.
     let mut plain = TcpStream::connect(addr).await.unwrap();
@@ -598,5 +618,50 @@ async fn mosquitto_clients_over_tls() {
         String::from_utf8_lossy(&out.stdout).trim(),
         "hello over tls"
     );
+    server.shutdown(Duration::from_secs(2)).await;
+}
+
+/// A subscriber that stops reading while a burst is queued for it, then resumes: every byte
+/// must arrive without any further traffic (buffered TLS records / WS messages get flushed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_subscriber_drains_fully() {
+    let certs = make_certs("drain");
+    let (server, tls_addr, ws_addr) = start(&certs).await;
+    let tcp_addr = server.local_addrs()[2];
+
+    let mut tls = StreamClient::new(tls_connect(tls_addr, &certs.ca_pem).await);
+    tls.send(&connect_packet("drain-tls")).await;
+    assert_connack_ok(tls.recv().await);
+    tls.send(&subscribe_packet("drain/#")).await;
+    assert_suback(tls.recv().await);
+    let mut ws = WsClient {
+        ws: ws_connect(ws_addr, "/mqtt").await,
+        buf: BytesMut::new(),
+    };
+    ws.send(&connect_packet("drain-ws")).await;
+    assert_connack_ok(ws.recv().await);
+    ws.send(&subscribe_packet("drain/#")).await;
+    assert_suback(ws.recv().await);
+
+    // 96 x 64 KiB while neither subscriber reads: more than the socket buffers hold, less
+    // than outbound_buffer_bytes_max, so nothing is dropped.
+    let mut publisher = StreamClient::new(TcpStream::connect(tcp_addr).await.unwrap());
+    publisher.send(&connect_packet("drain-pub")).await;
+    assert_connack_ok(publisher.recv().await);
+    const N: u32 = 96;
+    for i in 0..N {
+        let mut payload = vec![(i % 251) as u8; 64 * 1024];
+        payload[..4].copy_from_slice(&i.to_be_bytes());
+        publisher
+            .send(&publish_packet("drain/x", Bytes::from(payload)))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..N {
+        let mut payload = vec![(i % 251) as u8; 64 * 1024];
+        payload[..4].copy_from_slice(&i.to_be_bytes());
+        expect_publish(tls.recv().await, "drain/x", &payload);
+        expect_publish(ws.recv().await, "drain/x", &payload);
+    }
     server.shutdown(Duration::from_secs(2)).await;
 }
