@@ -65,9 +65,11 @@ def medians(data):
     for scen, label, key, unit, hib in METRICS:
         vals = {}
         for b in BROKERS:
-            xs = [metric(r, key) for r in data.get((scen, b), [])]
+            reps = data.get((scen, b), [])
+            xs = [metric(r, key) for r in reps]
             xs = [x for x in xs if isinstance(x, (int, float))]
-            vals[b] = (statistics.median(xs), len(xs)) if xs else None
+            bad = sum(1 for r in reps if r.get("errors") or r.get("timed_out"))
+            vals[b] = (statistics.median(xs), len(xs), bad) if xs else None
         if any(vals.values()):
             rows.append((scen, label, key, unit, hib, vals))
     return rows
@@ -91,7 +93,7 @@ def table(rows, data):
         ratio = "—"
         if m and l and m[0]:
             ratio = f"{l[0] / m[0]:.2f}x"
-        cell = lambda x: "—" if not x else f"{fmt(x[0], unit)} (n={x[1]})"
+        cell = lambda x: "—" if not x else f"{fmt(x[0], unit)} (n={x[1]}){'!' if x[2] else ''}"
         note = "" if hib else "  (lower is better)"
         out.append(f"{label:<28} {unit:<6} {cell(m):>12} {cell(l):>12} {ratio:>12}{note}")
     losses = []
@@ -102,7 +104,7 @@ def table(rows, data):
             losses.append(f"  {scen} {b}: QoS>=1 loss {lost}, errors {errs}")
     if losses:
         out.append("")
-        out.append("problems:")
+        out.append("problems (! above = some runs reported errors):")
         out.extend(losses)
     return "\n".join(out)
 
@@ -151,6 +153,11 @@ def svg(rows, title):
                     f'<text x="{bx + 25}" y="{base_y - h - 4:.1f}" text-anchor="middle">{fmt(v[0], unit)}</text>'
                 )
             parts.append(f'<text x="{bx + 25}" y="{base_y + 14}" text-anchor="middle">{b}</text>')
+            if v and v[2]:
+                parts.append(
+                    f'<text x="{bx + 25}" y="{base_y + 24}" text-anchor="middle" font-size="9" '
+                    f'fill="#c0392b">errors in {v[2]}/{v[1]} runs</text>'
+                )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
