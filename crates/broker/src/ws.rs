@@ -142,6 +142,19 @@ async fn handshake(stream: &mut TcpStream, path: &str) -> io::Result<Vec<u8>> {
             );
             stream.write_all(response.as_bytes()).await?;
             let _ = stream.shutdown().await;
+            // Lingering close: read (and drop) what the client still sends, so closing with
+            // unread data does not reset the connection before the client reads the answer.
+            let linger = async {
+                let mut scratch = [0u8; 4096];
+                let mut left = 64 * 1024usize;
+                while left > 0 {
+                    match stream.read(&mut scratch).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => left = left.saturating_sub(n),
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, linger).await;
             Err(io::Error::other(refused.to_string()))
         }
     }

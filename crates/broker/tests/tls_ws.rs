@@ -377,7 +377,8 @@ fn upgrade_request(path: &str, extra: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ws_refuses_wrong_path_and_subprotocol() {
     let dir = std::env::temp_dir().join(format!("lanemq-ws-{}", std::process::id()));
-    let config = config(vec![listener(ListenerKind::Ws, None)], &dir);
+    let mut config = config(vec![listener(ListenerKind::Ws, None)], &dir);
+    config.mqtt.max_packet_size_bytes = 1024;
     let server = Server::start(config).await.unwrap();
     let addr = server.local_addrs()[0];
 
@@ -444,6 +445,7 @@ async fn ws_refuses_wrong_path_and_subprotocol() {
         head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"),
         "{head}"
     );
+    drop(tcp);
 
     // A text message closes the connection with 1003.
     let mut ws = ws_connect(addr, "/mqtt").await;
@@ -453,6 +455,32 @@ async fn ws_refuses_wrong_path_and_subprotocol() {
         Some(Ok(Message::Close(Some(frame)))) => assert_eq!(frame.code, CloseCode::Unsupported),
         other => panic!("expected Close 1003, got {other:?}"),
     }
+
+    // A message over max_packet_size_bytes + 64 KiB closes the connection with 1009.
+    let mut ws = ws_connect(addr, "/mqtt").await;
+    ws.send(Message::Binary(Bytes::from(vec![
+        0u8;
+        1024 + 64 * 1024 + 1
+    ])))
+    .await
+    .unwrap();
+    let close = tokio::time::timeout(WAIT, ws.next()).await.unwrap();
+    match close {
+        Some(Ok(Message::Close(Some(frame)))) => assert_eq!(frame.code, CloseCode::Size),
+        other => panic!("expected Close 1009, got {other:?}"),
+    }
+
+    // Not a GET.
+    let resp = raw_http(
+        addr,
+        &upgrade_request("/mqtt", "").replacen("GET", "POST", 1),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 405 "), "{resp}");
+    // An endless request head.
+    let huge = format!("GET /mqtt HTTP/1.1\r\nX-Pad: {}\r\n", "a".repeat(9000));
+    let resp = raw_http(addr, &huge).await;
+    assert!(resp.starts_with("HTTP/1.1 431 "), "{resp}");
 
     server.shutdown(Duration::from_secs(2)).await;
     let _ = std::fs::remove_dir_all(&dir);
