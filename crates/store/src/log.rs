@@ -312,6 +312,11 @@ fn close_inner(shared: &Shared, thread: &Mutex<Option<JoinHandle<()>>>) -> Resul
     shared.not_full.notify_all();
     let handle = lock(thread).take();
     if let Some(h) = handle {
+        if h.thread().id() == std::thread::current().id() {
+            // The last handle was dropped inside a completion callback: the storage thread
+            // exits by itself after this batch (closing is set); it cannot join itself.
+            return Ok(());
+        }
         if h.join().is_err() {
             return Err(StoreError::Failed(Box::new(StoreError::InvalidOptions(
                 "storage thread panicked".into(),
@@ -761,14 +766,14 @@ impl Store {
             }
             let idx = sh.log_dir.join(segment::idx_file_name(s.first_offset));
             let _ = sh.fs.remove(&idx);
-            report.records_deleted += st.next_offset - s.first_offset;
-            report.bytes_freed += st.len;
-            report.deleted.push(s.path.clone());
-        }
-        if !report.deleted.is_empty() {
+            // One directory fsync per segment: a crash must never leave a later segment
+            // deleted and an earlier one back (that would be a gap at the next open).
             sh.fs
                 .sync_dir(&sh.log_dir)
                 .map_err(|e| StoreError::io("fsync directory", &sh.log_dir, e))?;
+            report.records_deleted += st.next_offset - s.first_offset;
+            report.bytes_freed += st.len;
+            report.deleted.push(s.path.clone());
         }
         report.first_offset = sh.first_offset();
         Ok(report)
@@ -1078,10 +1083,17 @@ impl Writer {
             return Ok(());
         }
         debug_assert!(self.write_pos >= SEGMENT_HEADER_LEN);
-        debug_assert_eq!(
-            self.buf[0],
-            record::RECORD_MAGIC,
-            "a batch starts with a record"
+        debug_assert!(
+            matches!(
+                record::check_header(&self.buf),
+                record::Peek::Complete { .. }
+            ),
+            "a batch starts with a whole, CRC-valid record"
+        );
+        debug_assert!(
+            self.write_pos + self.buf.len() as u64 <= self.shared.limits.segment_bytes_max
+                || self.write_pos == SEGMENT_HEADER_LEN,
+            "segment_bytes_max is respected unless a record is alone in its segment"
         );
         self.tail
             .file
