@@ -421,3 +421,38 @@ fn stale_idx_is_rebuilt() {
     assert_eq!(read_all(&s).len(), 100);
     let _ = (FsyncPolicy::Always, SEGMENT_HEADER_LEN);
 }
+
+#[test]
+fn crash_during_retention_never_leaves_a_gap() {
+    let build = || {
+        let fs = MemFs::new();
+        let mut o = mem_opts(&fs);
+        o.retention_max_bytes = Some(1);
+        let (s, _) = Store::open(o).expect("open");
+        for i in 0..300 {
+            s.append(rec(i), ignore()).expect("append");
+        }
+        s.sync().expect("sync");
+        (fs, s)
+    };
+    let (fs, s) = build();
+    fs.set_faults(Faults::default());
+    let r = s.apply_retention(0, 200).expect("retention");
+    assert!(r.deleted.len() >= 2);
+    let total = fs.ops();
+    for k in 1..=total {
+        let (fs, s) = build();
+        fs.set_faults(Faults {
+            stop_after_ops: Some(k),
+            ..Faults::default()
+        });
+        let _ = s.apply_retention(0, 200);
+        let crashed = fs.crash();
+        drop(s);
+        let (s2, rep) = Store::open(mem_opts(&crashed)).unwrap_or_else(|e| panic!("op {k}: {e}"));
+        assert_eq!(rep.next_offset, 300, "op {k}");
+        let all = read_all(&s2);
+        assert_eq!(all.len() as u64, 300 - rep.first_offset);
+        assert!(same(&all[0], &rec(rep.first_offset)));
+    }
+}
