@@ -173,7 +173,6 @@ async fn mqtt5_2_2_2_2_unknown_property_identifier() {
 }
 
 #[tokio::test]
-#[ignore = "broker bug: property not valid for the packet type gives DISCONNECT 0x82, spec 2.2.2.2 and mosquitto say 0x81"]
 async fn mqtt5_2_2_2_2_property_not_valid_for_packet_type() {
     // Session Expiry Interval (0x11) in PUBLISH: "A Control Packet which contains an
     // Identifier which is not valid for its packet type ... is a Malformed Packet."

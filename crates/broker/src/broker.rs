@@ -35,10 +35,12 @@ pub struct Broker {
 }
 
 /// What ingest did with a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Ingested {
     /// At least one subscription matched.
     pub matched: bool,
+    /// Connected sessions whose queue is above its back-pressure mark after this message.
+    pub congested: Vec<Arc<Session>>,
 }
 
 impl Broker {
@@ -159,7 +161,7 @@ impl Broker {
             let Some(share) = d.share.clone() else {
                 continue;
             };
-            if let Some(m) = router.pick_shared(&share.0, &share.1, &session.client_id) {
+            if let Some(m) = router.pick_shared(&share.group, &share.filter, &session.client_id) {
                 let qos = d.msg.qos.min(m.options.qos);
                 self.push(
                     &m.session,
@@ -189,10 +191,12 @@ impl Broker {
             .unsubscribe(group, inner, &session.client_id)
     }
 
-    fn push(&self, session: &Arc<Session>, d: Delivery) {
-        if session.push(d) == PushOutcome::Dropped {
+    fn push(&self, session: &Arc<Session>, d: Delivery) -> PushOutcome {
+        let outcome = session.push(d);
+        if outcome == PushOutcome::Dropped {
             self.stats.messages_dropped.fetch_add(1, Ordering::Relaxed);
         }
+        outcome
     }
 
     /// Accept one message: update the retained table, route it to every matching session.
@@ -220,7 +224,10 @@ impl Broker {
             msg.qos,
             &mut targets,
         );
-        let matched = !targets.is_empty();
+        let mut ingested = Ingested {
+            matched: !targets.is_empty(),
+            congested: Vec::new(),
+        };
         for t in targets {
             let retain = msg.retain && t.retain_as_published;
             let d = Delivery {
@@ -230,9 +237,11 @@ impl Broker {
                 sub_ids: t.sub_ids,
                 share: t.share,
             };
-            self.push(&t.session, d);
+            if self.push(&t.session, d) == PushOutcome::Congested {
+                ingested.congested.push(t.session);
+            }
         }
-        Ingested { matched }
+        ingested
     }
 
     /// Retained messages matching `filter`, not expired (expired ones are removed).

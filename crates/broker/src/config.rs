@@ -116,6 +116,12 @@ pub struct MqttConfig {
     /// Bytes a connection may have waiting to be written before QoS 0 is dropped and a slow
     /// consumer of QoS 1/2 is disconnected (0x97).
     pub outbound_buffer_bytes_max: usize,
+    /// Queue length of a connected session above which the publishers feeding it stop
+    /// reading their sockets until it drains to half (or `backpressure_wait_max_ms` passes);
+    /// 0 disables back-pressure (then only the drop/disconnect limits apply).
+    pub backpressure_queue_messages: usize,
+    /// Longest a publisher is paused for one congested subscriber.
+    pub backpressure_wait_max_ms: u64,
     /// A client must send CONNECT within this time.
     pub connect_timeout_ms: u64,
     /// If set, overrides the client's keep alive (Server Keep Alive in CONNACK).
@@ -150,6 +156,8 @@ impl Default for MqttConfig {
             max_inflight_messages: 1024,
             max_queued_messages: 100_000,
             outbound_buffer_bytes_max: 8 * 1024 * 1024,
+            backpressure_queue_messages: 1_000,
+            backpressure_wait_max_ms: 1_000,
             connect_timeout_ms: 10_000,
             server_keep_alive_s: None,
             max_keep_alive_s: u16::MAX,

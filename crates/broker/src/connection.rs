@@ -96,15 +96,25 @@ where
         Bad(DecodeError),
         Eof,
     }
+    let mut shutdown = broker.shutdown_signal();
     let first = tokio::time::timeout(timeout, async {
         loop {
+            if *shutdown.borrow_and_update() {
+                // Shutting down: a connection that has not sent CONNECT yet just goes.
+                return Ok(First::Eof);
+            }
             match decode(&mut rbuf, ProtocolVersion::V5, cfg.max_packet_size_bytes) {
                 Ok(Some(p)) => return Ok::<First, std::io::Error>(First::Packet(p)),
                 Ok(None) => {}
                 Err(e) => return Ok(First::Bad(e)),
             }
-            if reader.read_buf(&mut rbuf).await? == 0 {
-                return Ok(First::Eof);
+            tokio::select! {
+                n = reader.read_buf(&mut rbuf) => {
+                    if n? == 0 {
+                        return Ok(First::Eof);
+                    }
+                }
+                _ = shutdown.changed() => {}
             }
         }
     })
@@ -137,6 +147,13 @@ where
         linger(&mut reader).await;
     }
     Ok(())
+}
+
+/// Back-pressure: wait (bounded) until a congested subscriber's queue has drained.
+async fn wait_for_space(session: Option<&Session>, max: Duration) {
+    if let Some(s) = session {
+        let _ = tokio::time::timeout(max, s.wait_for_space()).await;
+    }
 }
 
 /// After a server-sent DISCONNECT and a write shutdown, read and discard what the client still
@@ -207,7 +224,8 @@ struct Conn {
     /// Session Expiry Interval from CONNECT, possibly updated by DISCONNECT.
     session_expiry_s: u32,
     wbuf: BytesMut,
-    /// Scratch space for routing results.
+    /// Sessions this connection's publishes congested: reading pauses until they drain.
+    congested: Vec<Arc<Session>>,
     peer: SocketAddr,
 }
 
@@ -354,6 +372,7 @@ impl Conn {
             st.kick = None;
             st.protocol = version;
             st.expiry_s = session_expiry_s;
+            st.backpressure_messages = cfg.backpressure_queue_messages;
         }
         let connack = ConnAck {
             session_present: resumed,
@@ -393,6 +412,7 @@ impl Conn {
             will: c.will,
             session_expiry_s,
             wbuf,
+            congested: Vec::new(),
             peer,
         };
         if resumed {
@@ -491,10 +511,8 @@ impl Conn {
                 }
             }
         }
-        if properties.topic_alias.is_none() || new_alias.is_some() {
-            if topic_name.is_empty() {
-                topic_name.push_str(&d.msg.topic);
-            }
+        if (properties.topic_alias.is_none() || new_alias.is_some()) && topic_name.is_empty() {
+            topic_name.push_str(&d.msg.topic);
         }
         let p = Publish {
             dup,
@@ -568,6 +586,7 @@ impl Conn {
                 });
             }
         }
+        session.release_space(&mut st);
         drop(st);
         let stats = &self.broker.stats;
         if sent > 0 {
@@ -590,6 +609,8 @@ impl Conn {
         let deadline = tokio::time::sleep(keep_alive.unwrap_or(far));
         tokio::pin!(deadline);
         let waker = self.waker.clone();
+        let backpressure_wait =
+            Duration::from_millis(self.broker.config.mqtt.backpressure_wait_max_ms);
         // Packets already buffered behind CONNECT.
         if !rbuf.is_empty() {
             if let Err(c) = self.process_input(&mut rbuf, max_packet) {
@@ -614,6 +635,7 @@ impl Conn {
                 };
             }
             let writing = !self.wbuf.is_empty();
+            let throttle = self.congested.last().cloned();
             tokio::select! {
                 biased;
                 res = writer.write_buf(&mut self.wbuf), if writing => {
@@ -622,7 +644,14 @@ impl Conn {
                         Ok(n) => { self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed); }
                     }
                 }
-                res = reader.read_buf(&mut rbuf) => {
+                _ = wait_for_space(throttle.as_deref(), backpressure_wait), if throttle.is_some() => {
+                    self.congested.pop();
+                    // Not reading was our choice: the client's keep alive starts afresh.
+                    if let Some(ka) = keep_alive {
+                        deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                    }
+                }
+                res = reader.read_buf(&mut rbuf), if throttle.is_none() => {
                     match res {
                         Ok(0) | Err(_) => return Close::silent(true),
                         Ok(n) => {
@@ -839,6 +868,12 @@ impl Conn {
             self.client_id.clone(),
         );
         let ingested = self.broker.ingest(Arc::new(msg));
+        for s in ingested.congested {
+            if !Arc::ptr_eq(&s, &self.session) && !self.congested.iter().any(|c| Arc::ptr_eq(c, &s))
+            {
+                self.congested.push(s);
+            }
+        }
         if ingested.matched || !self.version.is_v5() {
             rc::SUCCESS
         } else {

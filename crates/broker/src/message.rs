@@ -88,5 +88,13 @@ pub struct Delivery {
     pub sub_ids: Vec<u32>,
     /// `group` and inner filter when delivered through a shared subscription (for redelivery
     /// to another member if this session ends).
-    pub share: Option<Arc<(Arc<str>, Arc<str>)>>,
+    pub share: Option<Arc<SharedOrigin>>,
+}
+
+/// The shared subscription a delivery came through.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SharedOrigin {
+    pub group: Arc<str>,
+    /// The inner filter (without `$share/<group>/`).
+    pub filter: Arc<str>,
 }

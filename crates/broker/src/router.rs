@@ -5,6 +5,7 @@
 //! subscriptions of one session are merged into one delivery (highest QoS, every
 //! subscription identifier) as MQTT 5 section 3.3.4 allows.
 
+use crate::message::SharedOrigin;
 use crate::session::Session;
 use lanemq_protocol::{QoS, SubscriptionOptions};
 use std::collections::HashMap;
@@ -43,8 +44,11 @@ pub struct Target {
     pub qos: QoS,
     pub retain_as_published: bool,
     pub sub_ids: Vec<u32>,
-    pub share: Option<Arc<(Arc<str>, Arc<str>)>>,
+    pub share: Option<Arc<SharedOrigin>>,
 }
+
+/// A matching subscriber, and the shared group it was chosen from.
+type Hit<'a> = (&'a Subscriber, Option<Arc<SharedOrigin>>);
 
 #[derive(Default)]
 pub struct Router {
@@ -110,7 +114,7 @@ impl Router {
     pub fn route(&self, topic: &str, publisher: &str, published_qos: QoS, out: &mut Vec<Target>) {
         let levels: Vec<&str> = topic.split('/').collect();
         let dollar = topic.starts_with('$');
-        let mut hits: Vec<(&Subscriber, Option<Arc<(Arc<str>, Arc<str>)>>)> = Vec::new();
+        let mut hits: Vec<Hit<'_>> = Vec::new();
         collect(&self.root, &levels, 0, dollar, &mut Vec::new(), &mut hits);
         let start = out.len();
         for (sub, share) in hits {
@@ -164,7 +168,7 @@ fn collect<'a>(
     depth: usize,
     dollar: bool,
     path: &mut Vec<&'a str>,
-    hits: &mut Vec<(&'a Subscriber, Option<Arc<(Arc<str>, Arc<str>)>>)>,
+    hits: &mut Vec<Hit<'a>>,
 ) {
     let wildcard_ok = !(dollar && depth == 0);
     if wildcard_ok {
@@ -201,11 +205,7 @@ fn collect<'a>(
 }
 
 /// At the node of the topic's last level: its subscribers, and `x/#` also matches `x`.
-fn emit_end<'a>(
-    node: &'a Node,
-    path: &mut Vec<&'a str>,
-    hits: &mut Vec<(&'a Subscriber, Option<Arc<(Arc<str>, Arc<str>)>>)>,
-) {
+fn emit_end<'a>(node: &'a Node, path: &mut Vec<&'a str>, hits: &mut Vec<Hit<'a>>) {
     emit(node, path, hits);
     if let Some(h) = node.children.get("#") {
         path.push("#");
@@ -214,15 +214,14 @@ fn emit_end<'a>(
     }
 }
 
-fn emit<'a>(
-    node: &'a Node,
-    path: &[&'a str],
-    hits: &mut Vec<(&'a Subscriber, Option<Arc<(Arc<str>, Arc<str>)>>)>,
-) {
+fn emit<'a>(node: &'a Node, path: &[&'a str], hits: &mut Vec<Hit<'a>>) {
     hits.extend(node.subscribers.values().map(|s| (s, None)));
     for (group, grp) in &node.shared {
         if let Some(m) = choose(grp, None) {
-            let share = Arc::new((group.clone(), Arc::<str>::from(path.join("/"))));
+            let share = Arc::new(SharedOrigin {
+                group: group.clone(),
+                filter: Arc::<str>::from(path.join("/")),
+            });
             hits.push((m, Some(share)));
         }
     }

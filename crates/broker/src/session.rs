@@ -53,6 +53,9 @@ pub enum Kick {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PushOutcome {
     Queued,
+    /// Queued, but the connected session's queue is above its back-pressure mark: the
+    /// publisher should pause reading until it drains ([`Session::wait_for_space`]).
+    Congested,
     /// QoS 0 to an offline session, or queue full: dropped and counted.
     Dropped,
 }
@@ -83,11 +86,17 @@ pub struct SessionState {
     /// Wakes the owning connection task (new deliveries, a kick). Replaced on every connect;
     /// `None` while offline.
     pub waker: Option<Arc<Notify>>,
+    /// Queue length above which publishers feeding this connected session pause (0: never).
+    pub backpressure_messages: usize,
+    /// A publisher waits on `Session::space`.
+    pub space_waiters: bool,
 }
 
 pub struct Session {
     pub client_id: Arc<str>,
     state: Mutex<SessionState>,
+    /// Signalled when a congested queue has drained below half its back-pressure mark.
+    space: Notify,
     /// Mirror of `state.connected`, readable without the lock (shared-subscription choice).
     online: AtomicBool,
 }
@@ -127,7 +136,10 @@ impl Session {
                 outbound_bytes_max,
                 dropped: 0,
                 waker: None,
+                backpressure_messages: 0,
+                space_waiters: false,
             }),
+            space: Notify::new(),
             online: AtomicBool::new(false),
         }
     }
@@ -172,11 +184,58 @@ impl Session {
         if st.queue.len() == 1 {
             st.wake();
         }
-        PushOutcome::Queued
+        if st.is_congested() {
+            PushOutcome::Congested
+        } else {
+            PushOutcome::Queued
+        }
+    }
+
+    /// Wait until this session's queue is no longer congested (or the session went offline).
+    /// The caller bounds the wait with a timeout.
+    pub async fn wait_for_space(&self) {
+        loop {
+            let notified = self.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.lock();
+                if !st.connected || st.ended || !st.is_congested() {
+                    return;
+                }
+                st.space_waiters = true;
+            }
+            notified.await;
+        }
+    }
+
+    /// Called by the owning connection after draining: release waiting publishers once the
+    /// queue is below half the mark.
+    pub fn release_space(&self, st: &mut SessionState) {
+        if st.space_waiters && !st.is_congested_low() {
+            st.space_waiters = false;
+            self.space.notify_waiters();
+        }
     }
 }
 
 impl SessionState {
+    /// Above the back-pressure mark (messages, or half the outbound byte budget).
+    pub fn is_congested(&self) -> bool {
+        self.connected
+            && self.backpressure_messages > 0
+            && (self.queue.len() >= self.backpressure_messages
+                || self.queued_bytes >= self.outbound_bytes_max / 2)
+    }
+
+    /// Still above the low-water mark (half the back-pressure mark).
+    fn is_congested_low(&self) -> bool {
+        self.connected
+            && self.backpressure_messages > 0
+            && (self.queue.len() >= self.backpressure_messages / 2
+                || self.queued_bytes >= self.outbound_bytes_max / 4)
+    }
+
     /// Wake the connection task, if one is attached.
     pub fn wake(&self) {
         if let Some(w) = &self.waker {

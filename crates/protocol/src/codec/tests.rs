@@ -318,8 +318,8 @@ fn publish_property_rules() {
     protocol(&with(&[0x02, 0, 0, 0, 1, 0x02, 0, 0, 0, 1]), V5); // duplicate expiry
     protocol(&with(&[0x23, 0, 1, 0x23, 0, 2]), V5); // duplicate topic alias
     protocol(&with(&[0x0B, 0x00]), V5); // subscription identifier 0
-    protocol(&with(&[0x11, 0, 0, 0, 1]), V5); // session expiry not allowed in PUBLISH
-    protocol(&with(&[0x1F, 0, 1, b'r']), V5); // reason string not allowed in PUBLISH
+    malformed(&with(&[0x11, 0, 0, 0, 1]), V5); // session expiry not allowed in PUBLISH
+    malformed(&with(&[0x1F, 0, 1, b'r']), V5); // reason string not allowed in PUBLISH
     protocol(&with(&[0x08, 0, 3, b'a', b'/', b'#']), V5); // response topic with wildcard
     malformed(&with(&[0x05, 0]), V5); // unknown property
     malformed(&with(&[0x80, 0x01, 0]), V5); // unknown multi-byte identifier
@@ -543,8 +543,8 @@ fn connect_property_rules() {
     protocol(&with(&[0x17, 2]), V5); // request problem information 2
     protocol(&with(&[0x19, 2]), V5); // request response information 2
     protocol(&with(&[0x11, 0, 0, 0, 1, 0x11, 0, 0, 0, 1]), V5); // duplicate
-    protocol(&with(&[0x23, 0, 1]), V5); // topic alias not allowed in CONNECT
-    protocol(&with(&[0x18, 0, 0, 0, 1]), V5); // will delay belongs to the will properties
+    malformed(&with(&[0x23, 0, 1]), V5); // topic alias not allowed in CONNECT
+    malformed(&with(&[0x18, 0, 0, 0, 1]), V5); // will delay belongs to the will properties
     protocol(&with(&[0x16, 0, 0]), V5); // authentication data without method
     malformed(&with(&[0x00]), V5); // unknown identifier 0
     let ok_b = with(&[0x26, 0, 0, 0, 0, 0x26, 0, 0, 0, 0]);
@@ -561,7 +561,7 @@ fn connect_property_rules() {
             &s(""),
         ]),
     );
-    protocol(&b, V5);
+    malformed(&b, V5);
     let b = pkt(
         0x10,
         &cat(&[
@@ -653,7 +653,7 @@ fn connack_v5() {
     }
     protocol(&with(&[0x21, 0, 0]), V5);
     protocol(&with(&[0x27, 0, 0, 0, 0]), V5);
-    protocol(&with(&[0x17, 1]), V5); // request problem information: CONNECT only
+    malformed(&with(&[0x17, 1]), V5); // request problem information: CONNECT only
     protocol(&[0x20, 3, 0, 0x01, 0], V5); // reason code not allowed in CONNACK
     malformed(&[0x20, 2, 0, 0], V5); // missing property length
 }
@@ -703,7 +703,7 @@ fn pub_resp_v5_short_forms() {
     assert_eq!(enc(&p, V5), b);
     protocol(&[0x62, 3, 0, 7, 0x10], V5); // 0x10 is not a PUBREL reason code
     protocol(&[0x40, 3, 0, 7, 0x92], V5); // 0x92 is not a PUBACK reason code
-    protocol(&[0x40, 6, 0, 7, 0, 2, 0x01, 0], V5); // property not allowed
+    malformed(&[0x40, 6, 0, 7, 0, 2, 0x01, 0], V5); // property not allowed
     malformed(&[0x40, 5, 0, 7, 0, 1, 0x1F], V5); // truncated property
     malformed(&[0x40, 5, 0, 7, 0, 0, 0], V5); // trailing
 }
@@ -771,7 +771,7 @@ fn subscribe_v5() {
         &pkt(0x82, &cat(&[&[0, 1, 4, 0x0B, 1, 0x0B, 2], &s("a"), &[0]])),
         V5,
     ); // twice
-    protocol(
+    malformed(
         &pkt(0x82, &cat(&[&[0, 1, 4, 0x1F, 0, 1, b'r'], &s("a"), &[0]])),
         V5,
     );
@@ -828,7 +828,7 @@ fn unsubscribe() {
     assert!(matches!(&p, Packet::Unsubscribe(u) if u.user_properties.len() == 1));
     assert_eq!(enc(&p, V5), b);
     protocol(&pkt(0xA2, &[0, 4, 0]), V5);
-    protocol(&pkt(0xA2, &cat(&[&[0, 4, 2, 0x0B, 1], &s("a")])), V5); // sub id not allowed
+    malformed(&pkt(0xA2, &cat(&[&[0, 4, 2, 0x0B, 1], &s("a")])), V5); // sub id not allowed
 }
 
 #[test]
@@ -893,7 +893,7 @@ fn disconnect() {
         [0xE0, 1, 0x8B]
     );
     protocol(&[0xE0, 1, 0x01], V5); // not a DISCONNECT reason code
-    protocol(&[0xE0, 4, 0, 2, 0x24, 1], V5); // maximum QoS not allowed
+    malformed(&[0xE0, 4, 0, 2, 0x24, 1], V5); // maximum QoS not allowed
     malformed(&[0xE0, 3, 0, 0, 0], V5); // trailing
     assert_eq!(ok(&[0xE0, 0], V311), Packet::Disconnect(Disconnect::new(0)));
     malformed(&[0xE0, 1, 0], V311);
@@ -921,7 +921,7 @@ fn auth() {
     );
     malformed(&[0xF0, 1, 0x18], V5); // property length required
     protocol(&[0xF0, 2, 0x04, 0], V5); // not an AUTH reason code
-    protocol(&[0xF0, 4, 0x18, 2, 0x11, 0], V5);
+    malformed(&[0xF0, 4, 0x18, 2, 0x11, 0], V5);
     // 3.1.1 cannot carry AUTH: nothing is written.
     assert_eq!(enc(&p, V311), Vec::<u8>::new());
     assert_eq!(encoded_len(&p, V311), 0);
