@@ -312,9 +312,32 @@ t_cross_version() {
   expect "$n" "$so" "cross/b|2|0||from311"
 }
 
+t_bulk() {
+  local V=$1 tag T n
+  tag=$(v_tag "$V")
+  T="bulk/$tag"
+  n="$tag 1000 QoS 1 messages in order (mosquitto_pub -l)"
+  sub_bg bulk-$V "$V" 20 -q 1 -t "$T" -C 1000 -F 'MSG|%p' || { fail "$n" "no SUBACK"; return; }
+  local sp=$SUB_PID so=$SUB_OUT
+  seq 1 1000 | timeout 20 mosquitto_pub "${H[@]}" -V "$V" -q 1 -t "$T" -l \
+    || { fail "$n" "mosquitto_pub -l exited $?"; return; }
+  wait_sub "$sp"
+  expect "$n" "$so" "$(seq 1 1000)"
+  n="$tag 300 KB retained payload intact"
+  head -c 300000 /dev/urandom >"$WORK/big-$tag.bin"
+  pub "$V" -q 1 -r -t "$T/big" -f "$WORK/big-$tag.bin" || { fail "$n" "mosquitto_pub exited $?"; return; }
+  timeout 10 mosquitto_sub "${H[@]}" -V "$V" -q 1 -t "$T/big" -C 1 -W 5 -N -F '%p' >"$WORK/big-$tag.out" 2>/dev/null
+  if cmp -s "$WORK/big-$tag.bin" "$WORK/big-$tag.out"; then
+    pass "$n"
+  else
+    fail "$n" "received $(stat -c %s "$WORK/big-$tag.out") bytes, differing from the 300000 sent"
+  fi
+  pub "$V" -q 1 -r -n -t "$T/big" || true
+}
+
 SCENARIOS=()
 for V in mqttv311 mqttv5; do
-  SCENARIOS+=("t_qos_delivery $V" "t_retained $V" "t_wildcards $V" "t_sys $V" "t_will $V" "t_persistent $V")
+  SCENARIOS+=("t_qos_delivery $V" "t_retained $V" "t_wildcards $V" "t_sys $V" "t_will $V" "t_persistent $V" "t_bulk $V")
 done
 SCENARIOS+=(t_will_delay t_v5_properties t_rap t_subscription_identifier t_no_local_and_retain_handling t_cross_version)
 
