@@ -30,7 +30,25 @@ pub fn config() -> Config {
     };
     cfg.server.sys_interval_s = 0;
     cfg.server.shutdown_grace_ms = 1_000;
+    cfg.server.data_dir = temp_data_dir();
     cfg
+}
+
+/// A fresh, empty data directory for one test server (under the system temp dir).
+pub fn temp_data_dir() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "lanemq-test-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
 }
 
 /// A running in-process broker.

@@ -2,15 +2,20 @@
 //! path every accepted PUBLISH (and will) goes through.
 
 use crate::config::Config;
+use crate::message::NOT_STORED;
 use crate::message::{Delivery, Message};
+use crate::persist::{Op, Persist};
 use crate::router::{Router, Subscriber, Target};
 use crate::session::{Kick, PushOutcome, Session};
 use lanemq_protocol::topic;
-use std::collections::HashMap;
+use lanemq_protocol::QoS;
+use lanemq_store::{Callback, RecordIn, StoreError, TryAppendError};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 use tokio::sync::watch;
+use tracing::warn;
 
 #[derive(Default)]
 pub struct Stats {
@@ -32,6 +37,8 @@ pub struct Broker {
     pub started: Instant,
     shutdown_tx: watch::Sender<bool>,
     next_client_seq: AtomicU64,
+    /// The shared log and the index.
+    pub persist: Arc<Persist>,
 }
 
 /// What ingest did with a message.
@@ -44,7 +51,7 @@ pub struct Ingested {
 }
 
 impl Broker {
-    pub fn new(config: Config) -> Arc<Broker> {
+    pub fn new(config: Config, persist: Arc<Persist>) -> Arc<Broker> {
         let (shutdown_tx, _) = watch::channel(false);
         Arc::new(Broker {
             config,
@@ -55,6 +62,7 @@ impl Broker {
             started: Instant::now(),
             shutdown_tx,
             next_client_seq: AtomicU64::new(1),
+            persist,
         })
     }
 
@@ -142,6 +150,9 @@ impl Broker {
     /// End a session: unsubscribe everything, hand pending shared-subscription messages to
     /// other members of their groups.
     fn end_session(&self, session: &Arc<Session>) {
+        self.persist.submit(Op::SessionRemove {
+            client: session.client_id.clone(),
+        });
         let (subs, pending) = {
             let mut st = session.lock();
             st.ended = true;
@@ -192,29 +203,72 @@ impl Broker {
     }
 
     fn push(&self, session: &Arc<Session>, d: Delivery) -> PushOutcome {
-        let outcome = session.push(d);
+        let outcome = session.push(d, Some(&self.persist));
         if outcome == PushOutcome::Dropped {
             self.stats.messages_dropped.fetch_add(1, Ordering::Relaxed);
         }
         outcome
     }
 
-    /// Accept one message: update the retained table, route it to every matching session.
-    ///
-    /// Seam: the durable store appends here, before the caller acknowledges.
-    pub fn ingest(&self, msg: Arc<Message>) -> Ingested {
-        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
-        self.ingest_internal(msg)
+    /// Append a message's record to the log; `on_durable` fires (on the storage thread) once
+    /// it meets the durability policy. Never blocks the runtime for long: a full submission
+    /// queue is waited for with `block_in_place`.
+    pub fn append(&self, rec: RecordIn, on_durable: Callback) -> Result<u64, StoreError> {
+        match self.persist.store.try_append(rec, on_durable) {
+            Ok(offset) => Ok(offset),
+            Err(TryAppendError::Store(e)) => Err(e),
+            Err(TryAppendError::Full(rec, cb)) => {
+                let store = self.persist.store.clone();
+                tokio::task::block_in_place(move || store.append(*rec, cb))
+            }
+        }
     }
 
-    /// Ingest without counting the message as received from a client (`$SYS`).
-    pub fn ingest_internal(&self, msg: Arc<Message>) -> Ingested {
+    /// Deliver a client's message that is in the log (or needs none): counts it as received.
+    pub fn ingest(&self, msg: Arc<Message>) -> Ingested {
+        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
+        self.deliver(msg)
+    }
+
+    /// Apply a stored (or unstored, `$SYS`) message: update the retained table, route it to
+    /// every matching session, and record the effects in the index.
+    pub fn deliver(&self, msg: Arc<Message>) -> Ingested {
+        self.deliver_with(msg, None)
+    }
+
+    /// [`Broker::deliver`]; with `deferred`, the retained-table op and the routed marker are
+    /// returned there instead of submitted (for a message delivered before it is durable: the
+    /// index must never point at a record that may not survive).
+    pub fn deliver_with(&self, msg: Arc<Message>, mut deferred: Option<&mut Vec<Op>>) -> Ingested {
+        let stored = msg.offset != NOT_STORED;
+        let mut effects = false;
+        let mut submit = |op: Op| match deferred.as_mut() {
+            Some(v) => v.push(op),
+            None => {
+                self.persist.submit(op);
+            }
+        };
         if msg.retain {
             let mut r = self.retained.write().unwrap_or_else(|e| e.into_inner());
             if msg.payload.is_empty() {
-                r.remove(&msg.topic);
+                if r.remove(&msg.topic)
+                    .is_some_and(|old| old.offset != NOT_STORED)
+                {
+                    effects = true;
+                    submit(Op::Retain {
+                        topic: msg.topic.clone(),
+                        offset: None,
+                    });
+                }
             } else if self.config.mqtt.retain_available {
                 r.insert(msg.topic.clone(), msg.clone());
+                if stored {
+                    effects = true;
+                    submit(Op::Retain {
+                        topic: msg.topic.clone(),
+                        offset: Some(msg.offset),
+                    });
+                }
             }
         }
         let mut targets: Vec<Target> = Vec::new();
@@ -236,12 +290,46 @@ impl Broker {
                 retain,
                 sub_ids: t.sub_ids,
                 share: t.share,
+                seq: 0,
             };
+            effects |= stored && d.qos != QoS::AtMostOnce;
             if self.push(&t.session, d) == PushOutcome::Congested {
                 ingested.congested.push(t.session);
             }
         }
+        if effects {
+            submit(Op::Routed { offset: msg.offset });
+        }
         ingested
+    }
+
+    /// Publish a broker-originated message (a will): append it, deliver it once durable.
+    pub fn publish_internal(self: &Arc<Self>, mut msg: Message) {
+        let rec = crate::persist::record_in(&msg, None);
+        let low = self.persist.register_low();
+        low.store(self.persist.store.next_offset(), Ordering::SeqCst);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let cb: Callback = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        match self.append(rec, cb) {
+            Ok(offset) => msg.offset = offset,
+            Err(e) => {
+                warn!(error = %e, topic = %msg.topic, "cannot store a will message; dropped");
+                return;
+            }
+        }
+        let broker = self.clone();
+        tokio::spawn(async move {
+            match rx.await {
+                Ok(Ok(_)) => {
+                    broker.ingest(Arc::new(msg));
+                }
+                Ok(Err(e)) => warn!(error = %e, "will message not stored; dropped"),
+                Err(_) => {}
+            }
+            drop(low);
+        });
     }
 
     /// Retained messages matching `filter`, not expired (expired ones are removed).
@@ -273,6 +361,31 @@ impl Broker {
         out
     }
 
+    /// Lowest log offset still referenced by a retained message or a session queue.
+    pub fn min_referenced_offset(&self) -> u64 {
+        let mut min = u64::MAX;
+        for m in self
+            .retained
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            min = min.min(m.offset);
+        }
+        let sessions: Vec<Arc<Session>> = self.sessions_lock().values().cloned().collect();
+        for s in sessions {
+            let st = s.lock();
+            for d in st
+                .queue
+                .iter()
+                .chain(st.inflight.iter().map(|i| &i.delivery))
+            {
+                min = min.min(d.msg.offset);
+            }
+        }
+        min
+    }
+
     pub fn retained_count(&self) -> usize {
         self.retained
             .read()
@@ -287,4 +400,241 @@ pub fn split_share(full: &str) -> (Option<&str>, &str) {
         Ok(Some(s)) => (Some(s.group), s.filter),
         _ => (None, full),
     }
+}
+
+/// What [`Broker::restore`] found, for the log line and for the timers to start.
+#[derive(Default)]
+pub struct Restored {
+    pub sessions: usize,
+    pub sessions_expired: usize,
+    pub queued: usize,
+    pub retained: usize,
+    pub replayed: u64,
+    /// Offline sessions and the seconds left before they expire (u32::MAX: never).
+    pub expiries: Vec<(Arc<Session>, u32)>,
+    /// Pending wills: (client, message, seconds until due).
+    pub wills: Vec<(Arc<str>, Message, u64)>,
+}
+
+impl Broker {
+    /// Rebuild sessions, subscriptions, queues, inflight state and retained messages from the
+    /// index, then replay the log from the index watermark. Blocking; run before listening.
+    pub fn restore(self: &Arc<Self>) -> Result<Restored, crate::persist::PersistError> {
+        use crate::persist::{decode_sub, record_pid};
+        use crate::session::{Inflight, InflightStage, Subscription};
+        let p = self.persist.clone();
+        let mut out = Restored::default();
+        let now = crate::message::now_us();
+        // Retained messages.
+        for (topic, offset) in p.load_retained()? {
+            match p.store.read(offset) {
+                Ok(r) => {
+                    let m = Message::from_record(&r);
+                    self.retained
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(topic.into(), Arc::new(m));
+                    out.retained += 1;
+                }
+                Err(e) => {
+                    warn!(%topic, offset, error = %e, "retained message not in the log; dropped")
+                }
+            }
+        }
+        // Sessions.
+        let wills: HashMap<String, RecordIn> = p.load_wills()?.into_iter().collect();
+        for (client, meta) in p.load_sessions()? {
+            let away_s = if meta.disconnected_at_us == 0 {
+                0
+            } else {
+                now.saturating_sub(meta.disconnected_at_us) / 1_000_000
+            };
+            let will = wills.get(&client);
+            if meta.expiry_s != u32::MAX && away_s >= u64::from(meta.expiry_s) {
+                p.remove_session_now(&client)?;
+                out.sessions_expired += 1;
+                if let Some(w) = will {
+                    out.wills.push((client.as_str().into(), will_message(w), 0));
+                }
+                continue;
+            }
+            let left = if meta.expiry_s == u32::MAX {
+                u32::MAX
+            } else {
+                meta.expiry_s - away_s as u32
+            };
+            let protocol = match meta.protocol {
+                5 => lanemq_protocol::ProtocolVersion::V5,
+                3 => lanemq_protocol::ProtocolVersion::V31,
+                _ => lanemq_protocol::ProtocolVersion::V311,
+            };
+            let client_id: Arc<str> = client.as_str().into();
+            let session = Arc::new(Session::new(
+                client_id.clone(),
+                protocol,
+                self.config.mqtt.max_queued_messages,
+                self.config.mqtt.outbound_buffer_bytes_max,
+            ));
+            let subs = p.load_subs(&client)?;
+            let queue = p.load_queue(&client)?;
+            let inflight: HashMap<u64, (u16, u8)> = p
+                .load_inflight(&client)?
+                .into_iter()
+                .map(|(pid, seq, stage)| (seq, (pid, stage)))
+                .collect();
+            let inbound = p.load_inbound(&client)?;
+            {
+                let mut st = session.lock();
+                st.expiry_s = meta.expiry_s;
+                let mut seen = HashSet::new();
+                for (filter, v) in &subs {
+                    let (options, sub_id) = decode_sub(v);
+                    st.subscriptions
+                        .insert(filter.clone(), Subscription { options, sub_id });
+                }
+                for (seq, offset, qos, retain) in queue {
+                    st.next_seq = st.next_seq.max(seq + 1);
+                    let r = match p.store.read(offset) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            warn!(%client, offset, error = %e, "queued message not in the log; dropped");
+                            continue;
+                        }
+                    };
+                    seen.insert(offset);
+                    let d = Delivery {
+                        msg: Arc::new(Message::from_record(&r)),
+                        qos: QoS::from_u8(qos).unwrap_or(QoS::AtLeastOnce),
+                        retain,
+                        sub_ids: Vec::new(),
+                        share: None,
+                        seq,
+                    };
+                    match inflight.get(&seq) {
+                        Some(&(pid, stage)) => {
+                            let stage = match stage {
+                                1 => InflightStage::PubAck,
+                                2 => InflightStage::PubRec,
+                                _ => InflightStage::PubComp,
+                            };
+                            st.pids_in_use.insert(pid);
+                            st.inflight.push_back(Inflight {
+                                packet_id: pid,
+                                stage,
+                                delivery: d,
+                            });
+                        }
+                        None => {
+                            st.queued_bytes += d.msg.cost();
+                            st.queue.push_back(d);
+                        }
+                    }
+                    out.queued += 1;
+                }
+                for (pid, _offset, received) in &inbound {
+                    if *received {
+                        st.inbound_qos2.insert(*pid);
+                    }
+                }
+                st.replay_offsets = Some(seen);
+            }
+            // Subscriptions go into the router (lock order: router after the session lock
+            // was released).
+            for (filter, v) in &subs {
+                let (options, sub_id) = decode_sub(v);
+                self.add_subscription(
+                    &session,
+                    filter,
+                    Subscriber {
+                        session: session.clone(),
+                        options,
+                        sub_id,
+                    },
+                );
+            }
+            self.sessions_lock()
+                .insert(client_id.clone(), session.clone());
+            if let Some(w) = will {
+                let delay = u64::from(meta.will_delay_s.min(left));
+                let due = if meta.disconnected_at_us == 0 {
+                    delay
+                } else {
+                    delay.saturating_sub(away_s)
+                };
+                out.wills.push((client_id.clone(), will_message(w), due));
+            }
+            out.expiries.push((session, left));
+            out.sessions += 1;
+        }
+        // Replay what the index may not have: records after the watermark.
+        let inbound_state: Mutex<HashMap<(String, u16), u64>> = Mutex::new(HashMap::new());
+        for s in self.sessions_lock().values() {
+            for (pid, offset, _) in p.load_inbound(&s.client_id)? {
+                inbound_state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert((s.client_id.to_string(), pid), offset);
+            }
+        }
+        // The index thread runs from here on; a low-watermark cell keeps it from moving the
+        // watermark past records not replayed yet.
+        let from = p.index.watermark()?.max(p.store.first_offset());
+        let low = p.register_low();
+        low.store(from, Ordering::SeqCst);
+        p.start();
+        let end = p.store.committed_offset();
+        let mut reader = p.store.reader(from);
+        let mut replayed = 0u64;
+        'replay: loop {
+            let batch = reader.next_batch(1024, 4 << 20)?;
+            if batch.is_empty() {
+                break;
+            }
+            for r in &batch {
+                if r.offset >= end {
+                    break 'replay;
+                }
+                low.store(r.offset, Ordering::SeqCst);
+                replayed += 1;
+                if p.is_routed(r.offset)? {
+                    continue;
+                }
+                if let (2, Some(pid)) = (r.qos, record_pid(r)) {
+                    if let Some(s) = self.get_session(&r.client_id) {
+                        let key = (r.client_id.clone(), pid);
+                        let mut known = inbound_state.lock().unwrap_or_else(|e| e.into_inner());
+                        if known.get(&key).is_none_or(|&o| o < r.offset) {
+                            known.insert(key, r.offset);
+                            s.lock().inbound_qos2.insert(pid);
+                            p.submit(Op::InboundAdd {
+                                client: s.client_id.clone(),
+                                pid,
+                                offset: r.offset,
+                            });
+                        }
+                    }
+                }
+                self.deliver(Arc::new(Message::from_record(r)));
+            }
+        }
+        drop(low);
+        out.replayed = replayed;
+        for s in self.sessions_lock().values() {
+            s.lock().replay_offsets = None;
+        }
+        Ok(out)
+    }
+}
+
+fn will_message(r: &RecordIn) -> Message {
+    let mut m = Message::new(
+        r.topic.as_str().into(),
+        r.payload.clone(),
+        QoS::from_u8(r.qos).unwrap_or(QoS::AtMostOnce),
+        r.retain,
+        crate::persist::from_store_properties(&r.properties),
+        r.client_id.as_str().into(),
+    );
+    m.offset = NOT_STORED;
+    m
 }

@@ -17,6 +17,7 @@ pub struct Config {
     pub server: ServerConfig,
     pub listeners: Vec<ListenerConfig>,
     pub mqtt: MqttConfig,
+    pub storage: StorageConfig,
 }
 
 impl Default for Config {
@@ -25,6 +26,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             listeners: vec![ListenerConfig::default()],
             mqtt: MqttConfig::default(),
+            storage: StorageConfig::default(),
         }
     }
 }
@@ -173,6 +175,52 @@ impl Default for MqttConfig {
     }
 }
 
+/// When an accepted message counts as stored (see `docs/durability.md`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FsyncMode {
+    /// PUBACK/PUBREC after the record is fsynced (group commit).
+    Always,
+    /// PUBACK/PUBREC after the write; fsync every `fsync_interval_ms`.
+    Interval,
+    /// PUBACK/PUBREC after the write; the OS decides when data reaches the disk.
+    Never,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Durability policy of the shared log.
+    pub fsync: FsyncMode,
+    /// Period of the fsync under `fsync = "interval"`.
+    pub fsync_interval_ms: u64,
+    /// Log segments roll at this size.
+    pub segment_bytes_max: u64,
+    /// Delete log segments older than this (0: no age limit) once nothing references them.
+    pub retention_max_age_s: u64,
+    /// Keep the log under this size (0: no size limit), deleting unreferenced old segments.
+    pub retention_max_bytes: u64,
+    /// How often log retention runs.
+    pub retention_interval_s: u64,
+    /// Truncate the log at a corrupt record found before its tail instead of refusing to start
+    /// (records after it are lost).
+    pub truncate_corrupt: bool,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            fsync: FsyncMode::Always,
+            fsync_interval_ms: 10,
+            segment_bytes_max: 64 * 1024 * 1024,
+            retention_max_age_s: 7 * 24 * 3600,
+            retention_max_bytes: 0,
+            retention_interval_s: 60,
+            truncate_corrupt: false,
+        }
+    }
+}
+
 /// Every problem found in a configuration, reported together.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
@@ -265,6 +313,19 @@ impl Config {
                     "mqtt.deny_subscribe: {f:?} is not a valid topic filter"
                 ));
             }
+        }
+        let st = &self.storage;
+        if st.fsync == FsyncMode::Interval && st.fsync_interval_ms == 0 {
+            errors.push(
+                "storage.fsync_interval_ms: must be at least 1 with fsync = \"interval\""
+                    .to_string(),
+            );
+        }
+        if st.segment_bytes_max < 1024 * 1024 {
+            errors.push("storage.segment_bytes_max: must be at least 1048576".to_string());
+        }
+        if st.retention_interval_s == 0 {
+            errors.push("storage.retention_interval_s: must be at least 1".to_string());
         }
         if errors.is_empty() {
             Ok(())

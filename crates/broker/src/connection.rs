@@ -11,6 +11,7 @@
 
 use crate::broker::Broker;
 use crate::message::{Delivery, Message};
+use crate::persist::{Op, SessionMeta};
 use crate::router::Subscriber;
 use crate::session::{Inflight, InflightStage, Kick, Session, Subscription};
 use bytes::BytesMut;
@@ -21,9 +22,9 @@ use lanemq_protocol::{
     Disconnect, Packet, ProtocolVersion, PubResp, Publish, QoS, SubAck, Subscribe, UnsubAck,
     Unsubscribe, Will,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -203,6 +204,34 @@ async fn reject_bad_connect<W: AsyncWrite + Unpin>(writer: &mut W, err: &DecodeE
     .await;
 }
 
+/// The acknowledgement a PUBLISH is owed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owed {
+    Nothing,
+    PubAck(u16),
+    PubRec(u16),
+}
+
+/// A PUBLISH waiting for the store (or an acknowledgement waiting behind one).
+struct PendingPub {
+    msg: Option<Arc<Message>>,
+    ack: Owed,
+    code: u8,
+    /// Waits for a store completion (a stored message, delivered or not yet).
+    counted: bool,
+    /// Index ops to submit once durable (for a message delivered before that).
+    after: Vec<Op>,
+    /// Log offset of the record waited for (`u64::MAX` when not counted).
+    offset: u64,
+}
+
+/// Filled by store callbacks (on the storage thread), read by the connection task.
+struct Completions {
+    ok: AtomicU64,
+    failed: AtomicBool,
+    waker: Arc<Notify>,
+}
+
 struct Conn {
     broker: Arc<Broker>,
     version: ProtocolVersion,
@@ -226,6 +255,17 @@ struct Conn {
     wbuf: BytesMut,
     /// Sessions this connection's publishes congested: reading pauses until they drain.
     congested: Vec<Arc<Session>>,
+    /// Stored PUBLISHes not yet durable, in arrival order.
+    pending: VecDeque<PendingPub>,
+    completions: Arc<Completions>,
+    /// Completions consumed from `completions.ok`.
+    completed: u64,
+    /// First log offset this connection has appended but not routed (for the watermark).
+    low: Arc<AtomicU64>,
+    /// Write barriers: bytes from this absolute position wait for this index ticket.
+    barriers: VecDeque<(u64, u64)>,
+    /// Bytes written to the socket so far.
+    abs_written: u64,
     peer: SocketAddr,
 }
 
@@ -374,6 +414,50 @@ impl Conn {
             st.expiry_s = session_expiry_s;
             st.backpressure_messages = cfg.backpressure_queue_messages;
         }
+        let persist = &broker.persist;
+        if session_expiry_s > 0 {
+            let will_delay_s = c
+                .will
+                .as_ref()
+                .and_then(|w| w.properties.will_delay_interval)
+                .unwrap_or(0);
+            persist.submit(Op::SessionPut {
+                client: client_id.clone(),
+                meta: SessionMeta {
+                    expiry_s: session_expiry_s,
+                    protocol: version.level(),
+                    disconnected_at_us: 0,
+                    will_delay_s,
+                },
+            });
+            match &c.will {
+                Some(w) if will_delay_s > 0 => {
+                    let msg = Message::new(
+                        w.topic.as_str().into(),
+                        w.payload.clone(),
+                        w.qos,
+                        w.retain,
+                        will_properties(w),
+                        client_id.clone(),
+                    );
+                    let rec = crate::persist::record_in(&msg, None);
+                    persist.submit(Op::WillPut {
+                        client: client_id.clone(),
+                        record: Box::new(rec),
+                    });
+                }
+                _ => {
+                    persist.submit(Op::WillRemove {
+                        client: client_id.clone(),
+                    });
+                }
+            }
+        } else if resumed {
+            // The session no longer outlives its connection: forget its persisted state.
+            persist.submit(Op::SessionRemove {
+                client: client_id.clone(),
+            });
+        }
         let connack = ConnAck {
             session_present: resumed,
             reason_code: rc::SUCCESS,
@@ -381,6 +465,7 @@ impl Conn {
         };
         encode(&Packet::ConnAck(connack), version, &mut wbuf);
 
+        let waker_for_store = waker.clone();
         let send_window = usize::from(
             c.properties
                 .receive_maximum
@@ -413,6 +498,16 @@ impl Conn {
             session_expiry_s,
             wbuf,
             congested: Vec::new(),
+            pending: VecDeque::new(),
+            completions: Arc::new(Completions {
+                ok: AtomicU64::new(0),
+                failed: AtomicBool::new(false),
+                waker: waker_for_store,
+            }),
+            completed: 0,
+            low: broker.persist.register_low(),
+            barriers: VecDeque::new(),
+            abs_written: 0,
             peer,
         };
         if resumed {
@@ -547,6 +642,7 @@ impl Conn {
             }
             let Some(d) = st.pop_queue() else { break };
             if d.msg.is_expired(now) {
+                self.forget_delivery(d.seq, None);
                 continue;
             }
             let pid = if d.qos == QoS::AtMostOnce {
@@ -568,8 +664,23 @@ impl Conn {
                     self.outbound_aliases.remove(&t);
                 }
                 st.pids_in_use.remove(&pid);
+                self.forget_delivery(d.seq, None);
                 dropped += 1;
                 continue;
+            }
+            if d.seq != 0 && d.qos != QoS::AtMostOnce {
+                let stage = if d.qos == QoS::ExactlyOnce { 2 } else { 1 };
+                let t = self.broker.persist.submit(Op::InflightPut {
+                    client: self.client_id.clone(),
+                    pid,
+                    seq: d.seq,
+                    stage,
+                });
+                if stage == 2 {
+                    // A QoS 2 PUBLISH goes out only once its packet id is durable, so that a
+                    // resend after a crash carries the same id and the client de-duplicates it.
+                    self.barrier(t);
+                }
             }
             encode(&packet, self.version, &mut self.wbuf);
             sent += 1;
@@ -618,6 +729,9 @@ impl Conn {
             }
         }
         loop {
+            if let Err(c) = self.process_completions() {
+                return c;
+            }
             if let Some(kick) = self.drain() {
                 return match kick {
                     Kick::TakenOver => Close {
@@ -634,14 +748,19 @@ impl Conn {
                     },
                 };
             }
-            let writing = !self.wbuf.is_empty();
+            let writable = self.writable();
+            let writing = writable > 0;
             let throttle = self.congested.last().cloned();
             tokio::select! {
                 biased;
-                res = writer.write_buf(&mut self.wbuf), if writing => {
+                res = writer.write(&self.wbuf[..writable]), if writing => {
                     match res {
                         Ok(0) | Err(_) => return Close::silent(true),
-                        Ok(n) => { self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed); }
+                        Ok(n) => {
+                            bytes::Buf::advance(&mut self.wbuf, n);
+                            self.abs_written += n as u64;
+                            self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                        }
                     }
                 }
                 _ = wait_for_space(throttle.as_deref(), backpressure_wait), if throttle.is_some() => {
@@ -691,9 +810,11 @@ impl Conn {
         match p {
             Packet::Publish(p) => self.on_publish(p),
             Packet::PubAck(r) => {
-                self.session
+                let done = self
+                    .session
                     .lock()
                     .take_inflight(r.packet_id, InflightStage::PubAck);
+                self.forget(done.as_ref());
                 Ok(())
             }
             Packet::PubRec(r) => {
@@ -703,22 +824,37 @@ impl Conn {
                     .iter()
                     .position(|f| f.packet_id == r.packet_id && f.stage == InflightStage::PubRec);
                 let known = match pos {
-                    Some(i) if r.reason_code >= 0x80 => {
-                        st.take_inflight(r.packet_id, InflightStage::PubRec);
-                        let _ = i;
+                    Some(_) if r.reason_code >= 0x80 => {
+                        let done = st.take_inflight(r.packet_id, InflightStage::PubRec);
                         drop(st);
+                        self.forget(done.as_ref());
                         return Ok(());
                     }
                     Some(i) => {
                         st.inflight[i].stage = InflightStage::PubComp;
+                        let seq = st.inflight[i].delivery.seq;
+                        drop(st);
+                        if seq != 0 {
+                            // PUBREL only once "received" is durable: after a crash the
+                            // message must come back as PUBREL, never as a new PUBLISH.
+                            let t = self.broker.persist.submit(Op::InflightPut {
+                                client: self.client_id.clone(),
+                                pid: r.packet_id,
+                                seq,
+                                stage: 3,
+                            });
+                            self.barrier(t);
+                        }
                         true
                     }
-                    None => st
-                        .inflight
-                        .iter()
-                        .any(|f| f.packet_id == r.packet_id && f.stage == InflightStage::PubComp),
+                    None => {
+                        let k = st.inflight.iter().any(|f| {
+                            f.packet_id == r.packet_id && f.stage == InflightStage::PubComp
+                        });
+                        drop(st);
+                        k
+                    }
                 };
-                drop(st);
                 let code = if known {
                     rc::SUCCESS
                 } else {
@@ -728,13 +864,24 @@ impl Conn {
                 Ok(())
             }
             Packet::PubComp(r) => {
-                self.session
+                let done = self
+                    .session
                     .lock()
                     .take_inflight(r.packet_id, InflightStage::PubComp);
+                self.forget(done.as_ref());
                 Ok(())
             }
             Packet::PubRel(r) => {
                 let known = self.session.lock().inbound_qos2.remove(&r.packet_id);
+                if known && self.persistent() {
+                    // PUBCOMP only once the release is durable, so a restarted broker never
+                    // mistakes the publisher's next message with this packet id for a resend.
+                    let t = self.broker.persist.submit(Op::InboundRelease {
+                        client: self.client_id.clone(),
+                        pid: r.packet_id,
+                    });
+                    self.barrier(t);
+                }
                 let code = if known {
                     rc::SUCCESS
                 } else {
@@ -812,54 +959,81 @@ impl Conn {
         let bad_payload = p.properties.payload_format_indicator == Some(1)
             && std::str::from_utf8(&p.payload).is_err();
         let pid = p.packet_id;
-        match p.qos {
-            QoS::AtMostOnce => {
-                if !bad_payload {
-                    self.accept(topic, p);
-                }
-            }
-            QoS::AtLeastOnce => {
-                let code = if bad_payload {
-                    rc::PAYLOAD_FORMAT_INVALID
-                } else {
-                    self.accept(topic, p)
-                };
-                self.encode_ack(Packet::PubAck(PubResp::new(pid, code)));
-            }
-            QoS::ExactlyOnce => {
-                let duplicate = self.session.lock().inbound_qos2.contains(&pid);
-                let code = if duplicate {
-                    rc::SUCCESS
-                } else if bad_payload {
-                    rc::PAYLOAD_FORMAT_INVALID
-                } else {
-                    if self.session.lock().inbound_qos2.len() >= usize::from(cfg.receive_maximum) {
-                        return Err(Close::error(rc::RECEIVE_MAXIMUM_EXCEEDED));
-                    }
-                    let code = self.accept(topic, p);
-                    if code < 0x80 {
-                        self.session.lock().inbound_qos2.insert(pid);
-                    }
-                    code
-                };
-                self.encode_ack(Packet::PubRec(PubResp::new(pid, code)));
-            }
+        let ack = match p.qos {
+            QoS::AtMostOnce => Owed::Nothing,
+            QoS::AtLeastOnce => Owed::PubAck(pid),
+            QoS::ExactlyOnce => Owed::PubRec(pid),
+        };
+        if p.qos == QoS::ExactlyOnce && self.session.lock().inbound_qos2.contains(&pid) {
+            // A resend of a QoS 2 message already received: acknowledge, never deliver twice.
+            self.queue_ack(ack, rc::SUCCESS);
+            return Ok(());
         }
-        Ok(())
-    }
-
-    /// Hand an accepted PUBLISH to ingest; returns the PUBACK/PUBREC reason code.
-    fn accept(&mut self, topic: Arc<str>, p: Publish) -> u8 {
+        if bad_payload {
+            self.queue_ack(ack, rc::PAYLOAD_FORMAT_INVALID);
+            return Ok(());
+        }
         if topic.starts_with("$SYS/") || &*topic == "$SYS" {
             // The broker's own statistics: clients may read them, never write them.
             debug!(topic = %topic, "publish to $SYS refused");
-            return if self.version.is_v5() {
-                rc::NOT_AUTHORIZED
+            if self.version.is_v5() {
+                self.queue_ack(ack, rc::NOT_AUTHORIZED);
             } else {
-                rc::SUCCESS
-            };
+                if p.qos == QoS::ExactlyOnce {
+                    self.session.lock().inbound_qos2.insert(pid);
+                }
+                self.queue_ack(ack, rc::SUCCESS);
+            }
+            return Ok(());
         }
-        let msg = Message::new(
+        if p.qos == QoS::ExactlyOnce {
+            let mut st = self.session.lock();
+            if st.inbound_qos2.len() >= usize::from(cfg.receive_maximum) {
+                return Err(Close::error(rc::RECEIVE_MAXIMUM_EXCEEDED));
+            }
+            st.inbound_qos2.insert(pid);
+        }
+        self.accept(topic, p, ack)
+    }
+
+    /// Send an acknowledgement now, or after the stored messages received before it.
+    fn queue_ack(&mut self, ack: Owed, code: u8) {
+        if self.pending.is_empty() {
+            self.send_ack(ack, code);
+        } else {
+            self.pending.push_back(PendingPub {
+                msg: None,
+                ack,
+                code,
+                counted: false,
+                after: Vec::new(),
+                offset: u64::MAX,
+            });
+        }
+    }
+
+    fn send_ack(&mut self, ack: Owed, code: u8) {
+        match ack {
+            Owed::Nothing => {}
+            Owed::PubAck(pid) => self.encode_ack(Packet::PubAck(PubResp::new(pid, code))),
+            Owed::PubRec(pid) => self.encode_ack(Packet::PubRec(PubResp::new(pid, code))),
+        }
+    }
+
+    /// Append an accepted PUBLISH to the log. It is delivered and acknowledged once durable
+    /// ([`Conn::process_completions`]); a QoS 0 message that is not retained and has nothing
+    /// queued before it is delivered at once (nothing depends on its durability).
+    fn accept(&mut self, topic: Arc<str>, p: Publish, ack: Owed) -> Result<(), Close> {
+        let persist = self.broker.persist.clone();
+        // QoS 0 with nothing queued before it is delivered at once (a retained one updates
+        // the retained table at once too; its index entry waits until the record is durable).
+        let fast = ack == Owed::Nothing && self.pending.is_empty();
+        let retain = p.retain;
+        if self.pending.is_empty() {
+            self.low
+                .store(persist.store.next_offset(), Ordering::SeqCst);
+        }
+        let mut msg = Message::new(
             topic,
             p.payload,
             p.qos,
@@ -867,17 +1041,169 @@ impl Conn {
             p.properties,
             self.client_id.clone(),
         );
-        let ingested = self.broker.ingest(Arc::new(msg));
+        let pid = (p.qos == QoS::ExactlyOnce).then_some(p.packet_id);
+        let rec = crate::persist::record_in(&msg, pid);
+        let cb: lanemq_store::Callback = if fast && !retain {
+            Box::new(|_| {})
+        } else {
+            let c = self.completions.clone();
+            Box::new(move |r| {
+                match r {
+                    Ok(_) => {
+                        c.ok.fetch_add(1, Ordering::Release);
+                    }
+                    Err(_) => c.failed.store(true, Ordering::Release),
+                }
+                c.waker.notify_one();
+            })
+        };
+        match self.broker.append(rec, cb) {
+            Ok(offset) => msg.offset = offset,
+            Err(e) => {
+                warn!(error = %e, "cannot store a message: closing the connection unacknowledged");
+                return Err(Close::error(rc::UNSPECIFIED_ERROR));
+            }
+        }
+        let offset = msg.offset;
+        let msg = Arc::new(msg);
+        if fast && !retain {
+            self.deliver(msg, None);
+            self.low.store(u64::MAX, Ordering::SeqCst);
+        } else if fast {
+            let mut after = Vec::new();
+            self.deliver(msg, Some(&mut after));
+            self.pending.push_back(PendingPub {
+                msg: None,
+                ack,
+                code: rc::SUCCESS,
+                counted: true,
+                after,
+                offset,
+            });
+        } else {
+            self.pending.push_back(PendingPub {
+                msg: Some(msg),
+                ack,
+                code: rc::SUCCESS,
+                counted: true,
+                after: Vec::new(),
+                offset,
+            });
+        }
+        Ok(())
+    }
+
+    /// Deliver a stored message; returns the PUBACK/PUBREC code.
+    fn deliver(&mut self, msg: Arc<Message>, deferred: Option<&mut Vec<Op>>) -> u8 {
+        self.broker
+            .stats
+            .messages_received
+            .fetch_add(1, Ordering::Relaxed);
+        // 0x10 only tells a publisher nobody got it; a retained message is kept for later.
+        let kept = msg.retain && !msg.payload.is_empty();
+        let ingested = self.broker.deliver_with(msg, deferred);
         for s in ingested.congested {
             if !Arc::ptr_eq(&s, &self.session) && !self.congested.iter().any(|c| Arc::ptr_eq(c, &s))
             {
                 self.congested.push(s);
             }
         }
-        if ingested.matched || !self.version.is_v5() {
+        if ingested.matched || kept || !self.version.is_v5() {
             rc::SUCCESS
         } else {
             rc::NO_MATCHING_SUBSCRIBERS
+        }
+    }
+
+    /// Deliver and acknowledge the messages the store has made durable, in order.
+    fn process_completions(&mut self) -> Result<(), Close> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let ok = self.completions.ok.load(Ordering::Acquire);
+        while let Some(front) = self.pending.front() {
+            if front.counted {
+                if self.completed >= ok {
+                    break;
+                }
+                self.completed += 1;
+            }
+            let Some(e) = self.pending.pop_front() else {
+                break;
+            };
+            for op in e.after {
+                self.broker.persist.submit(op);
+            }
+            let mut code = e.code;
+            if let Some(msg) = e.msg {
+                let offset = msg.offset;
+                code = self.deliver(msg, None);
+                if let (Owed::PubRec(pid), true) = (e.ack, self.persistent()) {
+                    self.broker.persist.submit(Op::InboundAdd {
+                        client: self.client_id.clone(),
+                        pid,
+                        offset,
+                    });
+                }
+            }
+            self.send_ack(e.ack, code);
+        }
+        let low = self
+            .pending
+            .iter()
+            .find_map(|e| e.counted.then_some(e.offset))
+            .unwrap_or(u64::MAX);
+        self.low.store(low, Ordering::SeqCst);
+        if self.completions.failed.load(Ordering::Acquire) && self.pending.iter().any(|e| e.counted)
+        {
+            warn!("the log refused a write: closing the connection unacknowledged");
+            return Err(Close::error(rc::UNSPECIFIED_ERROR));
+        }
+        Ok(())
+    }
+
+    /// Does this session outlive the connection (so its state is persisted)?
+    fn persistent(&self) -> bool {
+        self.session_expiry_s > 0
+    }
+
+    /// A delivery is finished (acknowledged, refused, or discarded): drop its persisted state.
+    fn forget(&self, done: Option<&Inflight>) {
+        if let Some(e) = done {
+            self.forget_delivery(e.delivery.seq, Some(e.packet_id));
+        }
+    }
+
+    fn forget_delivery(&self, seq: u64, pid: Option<u16>) {
+        if seq == 0 {
+            return;
+        }
+        let client = self.client_id.clone();
+        if let Some(pid) = pid {
+            self.broker.persist.submit(Op::InflightRemove {
+                client: client.clone(),
+                pid,
+            });
+        }
+        self.broker.persist.submit(Op::QueueRemove { client, seq });
+    }
+
+    /// Hold everything encoded from now on until the index has flushed `ticket`.
+    fn barrier(&mut self, ticket: u64) {
+        let at = self.abs_written + self.wbuf.len() as u64;
+        self.barriers.push_back((at, ticket));
+        self.broker.persist.submit(Op::Wake(self.waker.clone()));
+    }
+
+    /// Bytes of the write buffer that may be written now.
+    fn writable(&mut self) -> usize {
+        let flushed = self.broker.persist.flushed();
+        while self.barriers.front().is_some_and(|&(_, t)| t <= flushed) {
+            self.barriers.pop_front();
+        }
+        match self.barriers.front() {
+            Some(&(at, _)) => (at.saturating_sub(self.abs_written) as usize).min(self.wbuf.len()),
+            None => self.wbuf.len(),
         }
     }
 
@@ -886,6 +1212,7 @@ impl Conn {
         let cfg = &self.broker.config.mqtt;
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut retained: Vec<Delivery> = Vec::new();
+        let mut sub_ticket = None;
         for f in &s.filters {
             let (group, inner) = match topic::parse_shared(&f.filter) {
                 Ok(Some(sh)) => (Some(sh.group), sh.filter),
@@ -943,6 +1270,14 @@ impl Conn {
                     sub_id,
                 },
             );
+            if self.persistent() {
+                let t = self.broker.persist.submit(Op::SubPut {
+                    client: self.client_id.clone(),
+                    filter: f.filter.clone(),
+                    value: crate::persist::encode_sub(&options, sub_id),
+                });
+                sub_ticket = Some(t);
+            }
             codes.push(qos.as_u8());
             let send_retained = group.is_none()
                 && (options.retain_handling == 0 || (options.retain_handling == 1 && !existed));
@@ -955,9 +1290,14 @@ impl Conn {
                         retain: true,
                         sub_ids: sub_id.into_iter().collect(),
                         share: None,
+                        seq: 0,
                     });
                 }
             }
+        }
+        if let Some(t) = sub_ticket {
+            // SUBACK once the subscription is durable.
+            self.barrier(t);
         }
         self.encode_ack(Packet::SubAck(SubAck {
             packet_id: s.packet_id,
@@ -965,7 +1305,7 @@ impl Conn {
             properties: Default::default(),
         }));
         for d in retained {
-            self.session.push(d);
+            self.session.push(d, Some(&self.broker.persist));
         }
         Ok(())
     }
@@ -976,6 +1316,13 @@ impl Conn {
             let had = self.session.lock().subscriptions.remove(f).is_some();
             if had {
                 self.broker.remove_subscription(&self.session, f);
+                if self.persistent() {
+                    let t = self.broker.persist.submit(Op::SubRemove {
+                        client: self.client_id.clone(),
+                        filter: f.clone(),
+                    });
+                    self.barrier(t);
+                }
             }
             codes.push(if had {
                 rc::SUCCESS
@@ -993,6 +1340,31 @@ impl Conn {
     /// Send the final DISCONNECT, flush, detach from the session, schedule its expiry and the
     /// will.
     async fn finish<W: AsyncWrite + Unpin>(mut self, close: Close, writer: &mut W) {
+        // Messages already appended: wait (bounded) until durable, then deliver and ack them,
+        // so nothing stored is left unrouted.
+        let deadline = Instant::now() + Duration::from_millis(FLUSH_TIMEOUT_MS);
+        while self.pending.iter().any(|e| e.counted)
+            && !self.completions.failed.load(Ordering::Acquire)
+            && Instant::now() < deadline
+        {
+            let _ = tokio::time::timeout(Duration::from_millis(5), self.waker.notified()).await;
+            if self.process_completions().is_err() {
+                break;
+            }
+        }
+        let _ = self.process_completions();
+        self.pending.clear();
+        self.low.store(u64::MAX, Ordering::SeqCst);
+        // Bytes behind a write barrier go out only once the index has flushed them.
+        while !self.barriers.is_empty() && Instant::now() < deadline {
+            if self.writable() == self.wbuf.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let writable = self.writable();
+        self.wbuf.truncate(writable);
+        self.barriers.clear();
         if let (Some(code), true) = (close.reason, self.version.is_v5()) {
             let mut d = Disconnect::new(code);
             if code == rc::QUOTA_EXCEEDED {
@@ -1029,9 +1401,30 @@ impl Conn {
         debug!(peer = %self.peer, will = close.will, "client disconnected");
         let broker = self.broker.clone();
         if still_ours {
+            if expiry > 0 {
+                broker.persist.submit(Op::SessionPut {
+                    client: self.client_id.clone(),
+                    meta: SessionMeta {
+                        expiry_s: expiry,
+                        protocol: self.version.level(),
+                        disconnected_at_us: crate::message::now_us(),
+                        will_delay_s: self
+                            .will
+                            .as_ref()
+                            .filter(|_| close.will)
+                            .and_then(|w| w.properties.will_delay_interval)
+                            .unwrap_or(0),
+                    },
+                });
+            }
             schedule_expiry(&broker, &self.session, self.generation, expiry);
         }
         let Some(will) = self.will.take().filter(|_| close.will) else {
+            if self.persistent() {
+                broker.persist.submit(Op::WillRemove {
+                    client: self.client_id.clone(),
+                });
+            }
             return;
         };
         let delay = will.properties.will_delay_interval.unwrap_or(0);
@@ -1064,6 +1457,30 @@ impl Conn {
     }
 }
 
+/// After a restart: expiry timers for the restored (offline) sessions, and pending wills.
+pub fn start_restored_timers(broker: &Arc<Broker>, restored: crate::broker::Restored) {
+    for (session, left) in restored.expiries {
+        let generation = session.lock().generation;
+        schedule_expiry(broker, &session, generation, left.max(1));
+    }
+    for (client, msg, due_s) in restored.wills {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(due_s)).await;
+            let resumed = broker.get_session(&client).is_some_and(|s| {
+                let st = s.lock();
+                st.generation != 0 || st.connected
+            });
+            broker.persist.submit(Op::WillRemove {
+                client: client.clone(),
+            });
+            if !resumed {
+                broker.publish_internal(msg);
+            }
+        });
+    }
+}
+
 /// Remove the session after its expiry interval unless a connection resumed it.
 fn schedule_expiry(broker: &Arc<Broker>, session: &Arc<Session>, generation: u64, expiry_s: u32) {
     if expiry_s == 0 {
@@ -1078,7 +1495,22 @@ fn schedule_expiry(broker: &Arc<Broker>, session: &Arc<Session>, generation: u64
     }
 }
 
-fn publish_will(broker: &Broker, client_id: &Arc<str>, will: Will) {
+fn will_properties(w: &Will) -> lanemq_protocol::PublishProperties {
+    lanemq_protocol::PublishProperties {
+        payload_format_indicator: w.properties.payload_format_indicator,
+        message_expiry_interval: w.properties.message_expiry_interval,
+        content_type: w.properties.content_type.clone(),
+        response_topic: w.properties.response_topic.clone(),
+        correlation_data: w.properties.correlation_data.clone(),
+        user_properties: w.properties.user_properties.clone(),
+        ..Default::default()
+    }
+}
+
+fn publish_will(broker: &Arc<Broker>, client_id: &Arc<str>, will: Will) {
+    broker.persist.submit(Op::WillRemove {
+        client: client_id.clone(),
+    });
     let mut props = lanemq_protocol::PublishProperties {
         payload_format_indicator: will.properties.payload_format_indicator,
         message_expiry_interval: will.properties.message_expiry_interval,
@@ -1097,5 +1529,5 @@ fn publish_will(broker: &Broker, client_id: &Arc<str>, will: Will) {
         props,
         client_id.clone(),
     );
-    broker.ingest(Arc::new(msg));
+    broker.publish_internal(msg);
 }

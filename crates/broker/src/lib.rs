@@ -9,6 +9,7 @@ pub mod config;
 pub mod connection;
 pub mod listener;
 pub mod message;
+pub mod persist;
 pub mod router;
 pub mod session;
 pub mod sys;

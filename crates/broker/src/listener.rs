@@ -49,11 +49,10 @@ pub struct Server {
 impl Server {
     /// Bind every configured listener and start serving.
     pub async fn start(config: Config) -> anyhow_lite::Result<Server> {
-        let broker = Broker::new(config);
-        let tracker = Arc::new(ConnTracker::default());
-        let mut addrs = Vec::new();
-        let mut accept_tasks = Vec::new();
-        for l in broker.config.listeners.clone() {
+        // Listeners first (bind, certificates): a bad listener fails before storage is opened.
+        let mut bound = Vec::new();
+        for l in &config.listeners {
+            let acceptor = crate::listener::Acceptor::new(l)?;
             let listener = TcpListener::bind(l.bind).await.map_err(|e| {
                 anyhow_lite::Error(format!(
                     "cannot bind {:?} listener on {}: {e}",
@@ -63,9 +62,56 @@ impl Server {
             let addr = listener
                 .local_addr()
                 .map_err(|e| anyhow_lite::Error(e.to_string()))?;
-            info!(kind = ?l.kind, %addr, "listening");
+            bound.push((l.kind, addr, listener, acceptor));
+        }
+        let data_dir = config.server.data_dir.clone();
+        let storage = config.storage.clone();
+        let persist = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&data_dir).map_err(|e| {
+                anyhow_lite::Error(format!(
+                    "cannot create data dir {}: {e}",
+                    data_dir.display()
+                ))
+            })?;
+            crate::persist::Persist::open(&data_dir, &storage).map_err(|e| {
+                anyhow_lite::Error(format!(
+                    "cannot open storage in {}: {e}",
+                    data_dir.display()
+                ))
+            })
+        })
+        .await
+        .map_err(|e| anyhow_lite::Error(e.to_string()))??;
+        let broker = Broker::new(config, persist);
+        let restored = {
+            let b = broker.clone();
+            tokio::task::spawn_blocking(move || {
+                let r = b.restore();
+                if r.is_err() {
+                    b.persist.close();
+                }
+                r
+            })
+            .await
+            .map_err(|e| anyhow_lite::Error(e.to_string()))?
+            .map_err(|e| anyhow_lite::Error(format!("cannot restore state: {e}")))?
+        };
+        info!(
+            sessions = restored.sessions,
+            sessions_expired = restored.sessions_expired,
+            queued = restored.queued,
+            retained = restored.retained,
+            replayed = restored.replayed,
+            "state restored"
+        );
+        crate::connection::start_restored_timers(&broker, restored);
+        spawn_retention(broker.clone());
+        let tracker = Arc::new(ConnTracker::default());
+        let mut addrs = Vec::new();
+        let mut accept_tasks = Vec::new();
+        for (kind, addr, listener, acceptor) in bound {
+            info!(?kind, %addr, "listening");
             addrs.push(addr);
-            let acceptor = crate::listener::Acceptor::new(&l)?;
             accept_tasks.push(tokio::spawn(accept_loop(
                 broker.clone(),
                 listener,
@@ -113,7 +159,39 @@ impl Server {
                 "grace period over, dropping connections"
             );
         }
+        let persist = self.broker.persist.clone();
+        let _ = tokio::task::spawn_blocking(move || persist.close()).await;
     }
+}
+
+/// Log retention every `storage.retention_interval_s`: whole segments go once nothing
+/// references them (the index watermark, retained messages, session queues).
+fn spawn_retention(broker: Arc<Broker>) {
+    let every = Duration::from_secs(broker.config.storage.retention_interval_s);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if broker.is_shutting_down() {
+                return;
+            }
+            let pinned = broker.min_referenced_offset();
+            let b = broker.clone();
+            let res = tokio::task::spawn_blocking(move || {
+                let watermark = b.persist.index.watermark().unwrap_or(0);
+                b.persist
+                    .store
+                    .apply_retention(crate::message::now_us(), pinned.min(watermark))
+            })
+            .await;
+            match res {
+                Ok(Ok(r)) => tracing::debug!(report = ?r, "log retention"),
+                Ok(Err(e)) => warn!(error = %e, "log retention failed"),
+                Err(_) => {}
+            }
+        }
+    });
 }
 
 /// Turns an accepted TCP stream into an MQTT byte stream (plain, TLS or WebSocket).

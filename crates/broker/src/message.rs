@@ -21,7 +21,12 @@ pub struct Message {
     pub publisher: Arc<str>,
     /// Arrival time, Unix microseconds.
     pub timestamp_us: u64,
+    /// Position in the shared log ([`NOT_STORED`] for `$SYS` and replayed copies not in it).
+    pub offset: u64,
 }
+
+/// `Message::offset` of a message that is not in the log.
+pub const NOT_STORED: u64 = u64::MAX;
 
 impl Message {
     pub fn new(
@@ -46,6 +51,29 @@ impl Message {
             expires_at,
             publisher,
             timestamp_us: now_us(),
+            offset: NOT_STORED,
+        }
+    }
+
+    /// The message of a log record.
+    pub fn from_record(r: &lanemq_store::Record) -> Message {
+        let properties = crate::persist::from_store_properties(&r.properties);
+        // The expiry runs from the arrival time, not from the restart.
+        let expires_at = properties.message_expiry_interval.map(|s| {
+            let age_us = now_us().saturating_sub(r.timestamp_us);
+            let total_us = u64::from(s) * 1_000_000;
+            Instant::now() + std::time::Duration::from_micros(total_us.saturating_sub(age_us))
+        });
+        Message {
+            topic: r.topic.as_str().into(),
+            payload: r.payload.clone(),
+            qos: QoS::from_u8(r.qos).unwrap_or(QoS::AtMostOnce),
+            retain: r.retain,
+            properties,
+            expires_at,
+            publisher: r.client_id.as_str().into(),
+            timestamp_us: r.timestamp_us,
+            offset: r.offset,
         }
     }
 
@@ -89,6 +117,8 @@ pub struct Delivery {
     /// `group` and inner filter when delivered through a shared subscription (for redelivery
     /// to another member if this session ends).
     pub share: Option<Arc<SharedOrigin>>,
+    /// Position in the session's persisted queue (0: not persisted).
+    pub seq: u64,
 }
 
 /// The shared subscription a delivery came through.

@@ -8,7 +8,8 @@
 //! Seam for the durable store: a [`Delivery`] refers to its message by `Arc`; the store issue
 //! turns the offline part of the queue into log positions without changing this interface.
 
-use crate::message::Delivery;
+use crate::message::{Delivery, NOT_STORED};
+use crate::persist::{Op, Persist};
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,6 +91,10 @@ pub struct SessionState {
     pub backpressure_messages: usize,
     /// A publisher waits on `Session::space`.
     pub space_waiters: bool,
+    /// Next persisted queue sequence number.
+    pub next_seq: u64,
+    /// During start-up replay: offsets already in the restored queue (de-duplication).
+    pub replay_offsets: Option<HashSet<u64>>,
 }
 
 pub struct Session {
@@ -138,6 +143,8 @@ impl Session {
                 waker: None,
                 backpressure_messages: 0,
                 space_waiters: false,
+                next_seq: 1,
+                replay_offsets: None,
             }),
             space: Notify::new(),
             online: AtomicBool::new(false),
@@ -160,10 +167,15 @@ impl Session {
 
     /// Queue a delivery. QoS 0 is only queued for a connected session; the queue is bounded
     /// by `max_queued` messages and, for connected QoS 0, by the outbound byte budget.
-    pub fn push(&self, d: Delivery) -> PushOutcome {
+    pub fn push(&self, mut d: Delivery, persist: Option<&Persist>) -> PushOutcome {
         let mut st = self.lock();
         if st.ended {
             return PushOutcome::Dropped;
+        }
+        if let Some(seen) = &st.replay_offsets {
+            if seen.contains(&d.msg.offset) {
+                return PushOutcome::Queued;
+            }
         }
         let cost = d.msg.cost();
         if d.qos == QoS::AtMostOnce {
@@ -180,6 +192,19 @@ impl Session {
             return PushOutcome::Dropped;
         }
         st.queued_bytes += cost;
+        if let Some(p) = persist {
+            if st.expiry_s > 0 && d.qos != QoS::AtMostOnce && d.msg.offset != NOT_STORED {
+                d.seq = st.next_seq;
+                st.next_seq += 1;
+                p.submit(Op::QueuePush {
+                    client: self.client_id.clone(),
+                    seq: d.seq,
+                    offset: d.msg.offset,
+                    qos: d.qos.as_u8(),
+                    retain: d.retain,
+                });
+            }
+        }
         st.queue.push_back(d);
         if st.queue.len() == 1 {
             st.wake();

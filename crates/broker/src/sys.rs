@@ -84,6 +84,6 @@ pub fn publish_all(b: &Broker) {
             "$SYS".into(),
         );
         // $SYS updates are not client traffic: keep them out of the received counter.
-        b.ingest_internal(Arc::new(msg));
+        b.deliver(Arc::new(msg));
     }
 }

@@ -32,6 +32,32 @@ enum Command {
     },
     /// Load generator: publishers and subscribers against an MQTT broker.
     Bench(lanemq_bench::BenchOpts),
+    /// Offline tools for the shared log (run them while the broker is stopped).
+    Log {
+        #[command(subcommand)]
+        command: LogCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum LogCommand {
+    /// Check every record of the log (length, CRC32C, sequence); exit status 1 on any problem.
+    Verify {
+        /// Data directory (the log is in DIR/log).
+        #[arg(long, env = "LANEMQ_DATA_DIR", default_value = "data")]
+        data_dir: PathBuf,
+    },
+    /// Print records: offset, time, QoS, retain, topic, payload size.
+    Dump {
+        #[arg(long, env = "LANEMQ_DATA_DIR", default_value = "data")]
+        data_dir: PathBuf,
+        /// First offset to print.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Most records to print.
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -60,6 +86,7 @@ fn main() -> std::process::ExitCode {
         Command::CheckConfig { file } => check_config(&file),
         Command::Serve(args) => serve(args),
         Command::Bench(opts) => bench(opts),
+        Command::Log { command } => log_command(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -154,6 +181,57 @@ async fn wait_for_signal() -> Result<()> {
         _ = int.recv() => {}
     }
     Ok(())
+}
+
+fn log_command(command: LogCommand) -> Result<()> {
+    match command {
+        LogCommand::Verify { data_dir } => {
+            let report = lanemq_store::verify(&data_dir).with_context(|| {
+                format!("cannot read the log in {}", data_dir.join("log").display())
+            })?;
+            println!(
+                "{}: {} records in {} segments, offsets {}..{}",
+                data_dir.join("log").display(),
+                report.records,
+                report.segments.len(),
+                report.first_offset,
+                report.next_offset
+            );
+            if let Some(t) = &report.torn_tail {
+                println!(
+                    "torn tail (cut at the next start): {} at byte {}: {}",
+                    t.segment.display(),
+                    t.position,
+                    t.reason
+                );
+            }
+            for p in &report.problems {
+                println!(
+                    "problem: {} at byte {}: {}",
+                    p.segment.display(),
+                    p.position,
+                    p.reason
+                );
+            }
+            if report.is_ok() {
+                println!("ok");
+                Ok(())
+            } else {
+                anyhow::bail!("{} problem(s) found", report.problems.len())
+            }
+        }
+        LogCommand::Dump {
+            data_dir,
+            from,
+            limit,
+        } => {
+            let mut out = std::io::stdout().lock();
+            lanemq_store::dump(&data_dir, from, limit, &mut out).with_context(|| {
+                format!("cannot read the log in {}", data_dir.join("log").display())
+            })?;
+            Ok(())
+        }
+    }
 }
 
 fn bench(opts: lanemq_bench::BenchOpts) -> Result<()> {
