@@ -291,7 +291,9 @@ fn properties(
         let id = raw_id as u8;
         let bit = 1u64 << id;
         if table.allowed & bit == 0 {
-            return Err(Malformed("property not allowed in this packet type (2.2.2.2)"));
+            return Err(Malformed(
+                "property not allowed in this packet type (2.2.2.2)",
+            ));
         }
         if seen & bit != 0 && table.repeatable & bit == 0 {
             return Err(Protocol("property included more than once"));
