@@ -495,6 +495,18 @@ struct SubState {
     session_lost: u64,
     markers: HashSet<String>,
     subscribed: bool,
+    /// First delivery of each QoS 2 message, to explain a duplicate.
+    q2_first: HashMap<MsgId, Q2First>,
+    /// Explanations of QoS 2 duplicates (printed at the end).
+    q2_dup_reports: Vec<String>,
+}
+
+/// How a QoS 2 message was first delivered.
+struct Q2First {
+    packet_id: u16,
+    connection: u64,
+    dup: bool,
+    released: bool,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -682,7 +694,7 @@ async fn subscriber(addr: SocketAddr, ctl: Arc<Ctl>, state: Arc<Mutex<SubState>>
             state.lock().unwrap().session_lost += 1;
             ctl.error("subscriber: reconnect with clean start 0 got session present = 0".into());
         }
-        ctl.sub_connects.fetch_add(1, Ordering::SeqCst);
+        let connection = ctl.sub_connects.fetch_add(1, Ordering::SeqCst) + 1;
         let mut last_send = Instant::now();
         loop {
             if ctl.stop_subscriber.load(Ordering::SeqCst) {
@@ -703,11 +715,16 @@ async fn subscriber(addr: SocketAddr, ctl: Arc<Ctl>, state: Arc<Mutex<SubState>>
                 Err(RecvErr::Closed) => break,
             };
             let reply = match p {
-                Packet::Publish(p) => on_publish(&state, &p),
+                Packet::Publish(p) => on_publish(&state, &p, connection),
                 Packet::PubRel(r) => {
                     let mut s = state.lock().unwrap();
-                    if s.awaiting_rel.remove(&r.packet_id).is_none() {
-                        s.unknown_pubrel += 1;
+                    match s.awaiting_rel.remove(&r.packet_id) {
+                        Some(id) => {
+                            if let Some(f) = s.q2_first.get_mut(&id) {
+                                f.released = true;
+                            }
+                        }
+                        None => s.unknown_pubrel += 1,
                     }
                     Some(Packet::PubComp(PubResp::new(r.packet_id, 0)))
                 }
@@ -725,7 +742,7 @@ async fn subscriber(addr: SocketAddr, ctl: Arc<Ctl>, state: Arc<Mutex<SubState>>
 }
 
 /// Record one PUBLISH at the subscriber; returns the acknowledgement to send.
-fn on_publish(state: &Mutex<SubState>, p: &Publish) -> Option<Packet> {
+fn on_publish(state: &Mutex<SubState>, p: &Publish, connection: u64) -> Option<Packet> {
     let mut s = state.lock().unwrap();
     let text = String::from_utf8_lossy(&p.payload).to_string();
     let id = parse_payload(&p.payload);
@@ -756,6 +773,26 @@ fn on_publish(state: &Mutex<SubState>, p: &Publish) -> Option<Packet> {
         }
         if p.qos == QoS::ExactlyOnce {
             s.awaiting_rel.insert(p.packet_id, id);
+            if let Some(f) = s.q2_first.get(&id) {
+                let report = format!(
+                    "QoS 2 message {id:?} delivered again as a new message: first as packet id \
+                     {} on subscriber connection {} (DUP={}, PUBREL received: {}), again as \
+                     packet id {} on connection {connection} (DUP={})",
+                    f.packet_id, f.connection, f.dup, f.released, p.packet_id, p.dup
+                );
+                eprintln!("kill9: {report}");
+                s.q2_dup_reports.push(report);
+            } else {
+                s.q2_first.insert(
+                    id,
+                    Q2First {
+                        packet_id: p.packet_id,
+                        connection,
+                        dup: p.dup,
+                        released: false,
+                    },
+                );
+            }
         }
     } else {
         s.unknown_payloads += 1;
@@ -1068,7 +1105,8 @@ async fn kill9_loses_no_acknowledged_message() {
     }
     if dup2 > 0 {
         problems.push(format!(
-            "{dup2} QoS 2 messages delivered more than once (as new messages)"
+            "{dup2} QoS 2 messages delivered more than once (as new messages):\n    {}",
+            s.q2_dup_reports.join("\n    ")
         ));
     }
     if s.wrong_qos > 0 {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The kill -9 durability test (tests/kill9.rs) with many cycles: a child broker with
+# fsync = "always" under QoS 1/2 load is killed at a random moment 100 times, restarted on the
+# same port and data dir, and every acknowledged message must reach the persistent subscriber
+# (QoS 2 exactly once). Prints the final counts, PASS/FAIL, and exits non-zero on failure.
+#
+#   bash interop/kill9-loop.sh
+#
+# Environment:
+#   KILL9_CYCLES=100     cycles (the test command's cargo test run uses the default 3)
+#   KILL9_SEED=N         replay the kill delays of an earlier run (printed at the start)
+#   KILL9_TIMEOUT=850    seconds for the whole run (tests/run-all.sh allows 900 per script)
+#   LANEMQ_BIN           broker binary (default: target/release/lanemq, built if missing)
+#   KEEP_TMP=1           keep the data dir and broker log (always kept on failure)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+CYCLES=${KILL9_CYCLES:-100}
+TIMEOUT=${KILL9_TIMEOUT:-850}
+
+if [ -z "${LANEMQ_BIN:-}" ]; then
+  LANEMQ_BIN=$ROOT/target/release/lanemq
+  if [ ! -x "$LANEMQ_BIN" ]; then
+    echo "building the broker: cargo build --release -p lanemq"
+    cargo build --release -p lanemq || exit 2
+  fi
+fi
+if [ ! -x "$LANEMQ_BIN" ]; then
+  echo "broker binary $LANEMQ_BIN not found: cargo build --release -p lanemq" >&2
+  exit 2
+fi
+export LANEMQ_BIN
+
+LOG=$(mktemp "${TMPDIR:-/tmp}/lanemq-kill9-loop.XXXXXX")
+trap 'rm -f "$LOG"' EXIT
+
+echo "kill9-loop: $CYCLES cycles against $LANEMQ_BIN (timeout ${TIMEOUT} s)"
+KILL9_CYCLES=$CYCLES timeout "$TIMEOUT" \
+  cargo test --release -p lanemq-tests --test kill9 -- --nocapture 2>&1 | tee "$LOG"
+rc=${PIPESTATUS[0]}
+
+counts=$(grep -E '^acked=' "$LOG" | tail -n 1)
+details=$(grep -E '^kill9: details:' "$LOG" | tail -n 1)
+echo "----"
+echo "final counts: ${counts:-(none printed)}"
+[ -n "$details" ] && echo "$details"
+if [ "$rc" -eq 0 ]; then
+  echo "PASS: kill -9 x $CYCLES, nothing acknowledged lost"
+  echo "kill9-loop: 1 passed, 0 failed"
+else
+  [ "$rc" -eq 124 ] && echo "(timed out after ${TIMEOUT} s)"
+  echo "FAIL: kill -9 x $CYCLES -- cargo test exited $rc (see the failure above)"
+  echo "kill9-loop: 0 passed, 1 failed"
+fi
+exit "$rc"
