@@ -33,8 +33,12 @@ use tracing::{debug, info_span, warn, Instrument};
 
 /// The write buffer is filled from the session queue up to this size.
 const WRITE_HIGH_WATER_BYTES: usize = 64 * 1024;
-/// Read buffer initial capacity.
-const READ_BUFFER_BYTES: usize = 8 * 1024;
+/// Read buffer capacity while a connection is idle (memory per idle connection matters).
+const READ_BUFFER_IDLE_BYTES: usize = 512;
+/// Read buffer growth step when it runs out of room.
+const READ_BUFFER_STEP_BYTES: usize = 16 * 1024;
+/// Buffers above this capacity are released once empty.
+const BUFFER_SHRINK_BYTES: usize = 64 * 1024;
 /// How long the final DISCONNECT and buffered data may take to flush.
 const FLUSH_TIMEOUT_MS: u64 = 1_000;
 /// How long input is drained after a server-initiated DISCONNECT.
@@ -90,7 +94,7 @@ where
     W: AsyncWrite + Unpin + Send,
 {
     let cfg = &broker.config.mqtt;
-    let mut rbuf = BytesMut::with_capacity(READ_BUFFER_BYTES);
+    let mut rbuf = BytesMut::with_capacity(READ_BUFFER_IDLE_BYTES);
     let timeout = Duration::from_millis(cfg.connect_timeout_ms);
     enum First {
         Packet(Packet),
@@ -397,7 +401,7 @@ impl Conn {
             Session::new(client_id.clone(), version, max_queued, budget)
         });
         let waker = Arc::new(Notify::new());
-        let mut wbuf = BytesMut::with_capacity(READ_BUFFER_BYTES);
+        let mut wbuf = BytesMut::new();
         let generation;
         {
             let mut st = session.lock();
@@ -750,6 +754,14 @@ impl Conn {
             }
             let writable = self.writable();
             let writing = writable > 0;
+            if self.wbuf.is_empty() && self.wbuf.capacity() > BUFFER_SHRINK_BYTES {
+                self.wbuf = BytesMut::new();
+            }
+            if rbuf.is_empty() && rbuf.capacity() > BUFFER_SHRINK_BYTES {
+                rbuf = BytesMut::with_capacity(READ_BUFFER_IDLE_BYTES);
+            } else if rbuf.capacity() - rbuf.len() < READ_BUFFER_IDLE_BYTES / 2 {
+                rbuf.reserve(READ_BUFFER_STEP_BYTES);
+            }
             let throttle = self.congested.last().cloned();
             tokio::select! {
                 biased;

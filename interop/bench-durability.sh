@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Durability figures for docs/benchmarks.md (lanemq only; the side-by-side QoS 1 run against
+# mosquitto is in interop/bench-vs-mosquitto.sh):
+#   1. QoS 1 throughput, 10 publishers -> 1 subscriber, 64 B and 1 KiB, under each fsync policy
+#   2. restart time with RECORDS records in the log: process start -> port accepts connections
+#   3. write amplification: bytes the broker wrote to disk (/proc/PID/io write_bytes) per byte
+#      of payload, QoS 1, with 0, 1 and 10 (online) subscribers
+# Every load is bounded (duration or count); traffic on 127.0.0.1 only.
+#
+# Environment: DURATION=5  RECORDS=10000000  AMP_MESSAGES=200000  SKIP_BUILD=1  SECTIONS="policy restart amp"
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+DURATION=${DURATION:-5}
+RECORDS=${RECORDS:-10000000}
+AMP_MESSAGES=${AMP_MESSAGES:-200000}
+SECTIONS=${SECTIONS:-"policy restart amp"}
+BIN=target/release/lanemq
+BENCH=target/release/lanemq-bench
+[ -n "${SKIP_BUILD:-}" ] || cargo build --release -p lanemq -p lanemq-bench >&2
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-durability.XXXXXX")
+PID=""
+cleanup() {
+  [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { # $1 port; prints ms waited
+  python3 - "$1" <<'PY'
+import socket, sys, time
+t0 = time.monotonic()
+while time.monotonic() - t0 < 120:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2).close()
+        print(int((time.monotonic() - t0) * 1000)); sys.exit(0)
+    except OSError:
+        time.sleep(0.005)
+sys.exit(1)
+PY
+}
+start() { # $1 data dir, $2 fsync policy
+  PORT=$(free_port)
+  printf '[server]\nsys_interval_s = 0\n[storage]\nfsync = "%s"\nfsync_interval_ms = 10\n' "$2" >"$TMP/cfg.toml"
+  "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$1" --config "$TMP/cfg.toml" >>"$TMP/broker.log" 2>&1 &
+  PID=$!
+  wait_port "$PORT" >/dev/null
+}
+stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=""; }
+rate() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(round(r.get("recv_rate", r.get("received_per_s", 0))))' "$1" 2>/dev/null || echo "?"; }
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), git $(git rev-parse --short HEAD)"
+
+if [[ " $SECTIONS " == *" policy "* ]]; then
+  echo "== QoS 1, 10 publishers -> 1 subscriber, ${DURATION}s"
+  for policy in always interval never; do
+    for payload in 64 1024; do
+      start "$TMP/d-$policy-$payload" "$policy"
+      "$BENCH" --port "$PORT" --publishers 10 --subscribers 1 --qos 1 --payload "$payload" \
+        --topic-mode fan-in --duration "$DURATION" --warmup 1 --quiet --json "$TMP/r.json" \
+        --broker-pid "$PID" >"$TMP/out.txt" 2>&1 || true
+      printf '%-8s %5sB  ' "$policy" "$payload"; grep -E "^received|^latency" "$TMP/out.txt" | tr '\n' ' '; echo
+      stop
+    done
+  done
+fi
+
+if [[ " $SECTIONS " == *" restart "* ]]; then
+  echo "== restart with $RECORDS records in the log"
+  D="$TMP/restart"
+  start "$D" never
+  per=$(( RECORDS / 10 ))
+  "$BENCH" --port "$PORT" --publishers 10 --subscribers 0 --qos 0 --payload 16 --topic-mode fan-in \
+    --count "$per" --duration 600 --timeout 900 --quiet >"$TMP/fill.txt" 2>&1 || true
+  grep -E "^published" "$TMP/fill.txt" || cat "$TMP/fill.txt"
+  stop
+  du -sh "$D/log" | sed 's/^/log size: /'
+  for i in 1 2 3; do
+    PORT=$(free_port)
+    printf '[server]\nsys_interval_s = 0\n' >"$TMP/cfg.toml"
+    t0=$(date +%s%N)
+    "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$D" --config "$TMP/cfg.toml" >>"$TMP/broker.log" 2>&1 &
+    PID=$!
+    wait_port "$PORT" >/dev/null
+    t1=$(date +%s%N)
+    echo "restart $i: $(( (t1 - t0) / 1000000 )) ms from exec to accepting connections"
+    stop
+  done
+  grep "log opened" "$TMP/broker.log" | tail -1 | sed 's/\x1b\[[0-9;]*m//g'
+fi
+
+if [[ " $SECTIONS " == *" amp "* ]]; then
+  echo "== write amplification, QoS 1, 10 publishers, $AMP_MESSAGES messages of 64 B and 1 KiB"
+  for payload in 64 1024; do
+    for subs in 0 1 10; do
+      start "$TMP/amp-$payload-$subs" always
+      before=$(awk '/^write_bytes/ {print $2}' "/proc/$PID/io")
+      per=$(( AMP_MESSAGES / 10 ))
+      "$BENCH" --port "$PORT" --publishers 10 --subscribers "$subs" --qos 1 --payload "$payload" \
+        --topic-mode fan-in --count "$per" --duration 300 --timeout 600 --quiet >"$TMP/amp.txt" 2>&1 || true
+      sleep 1.5 # let the index thread flush
+      after=$(awk '/^write_bytes/ {print $2}' "/proc/$PID/io")
+      python3 -c "import sys; d=$after-$before; n=$AMP_MESSAGES*$payload; print(f'payload {$payload:>5} B  subscribers {$subs:>2}: {d/1e6:8.1f} MB written for {n/1e6:6.1f} MB of payload = {d/n:5.2f} bytes per payload byte')"
+      stop
+    done
+  done
+fi
