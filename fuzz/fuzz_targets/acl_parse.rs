@@ -16,8 +16,15 @@ fuzz_target!(|data: &[u8]| {
         Ok(acl) => acl,
         Err(e) => {
             assert!(e.line >= 1 && e.line <= lines, "line {} of {lines}", e.line);
-            let width = text.lines().nth(e.line - 1).map_or(0, |l| l.chars().count());
-            assert!(e.column >= 1 && e.column <= width + 1, "column {} of {width}", e.column);
+            let width = text
+                .lines()
+                .nth(e.line - 1)
+                .map_or(0, |l| l.chars().count());
+            assert!(
+                e.column >= 1 && e.column <= width + 1,
+                "column {} of {width}",
+                e.column
+            );
             return;
         }
     };

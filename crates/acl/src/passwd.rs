@@ -12,7 +12,7 @@
 //! without `:`, a plain-text password, an unknown hash type or a duplicate username is a
 //! [`ParseError`] with line and column, so a typo never silently removes or keeps a user.
 //!
-//! [`PasswordFile::to_string`] (via `Display`) writes the file back with its comments and the
+//! `PasswordFile::to_string()` (via `Display`) writes the file back with its comments and the
 //! order of its entries preserved; changed entries are always written as `$7$`.
 
 use crate::error::{read_file, LoadError, ParseError};
