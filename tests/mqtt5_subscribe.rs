@@ -253,6 +253,15 @@ async fn mqtt5_3_8_4_resubscribe_replaces_subscription() {
 async fn mqtt5_4_7_2_1_wildcards_do_not_match_dollar_topics() {
     let mut cfg = config();
     cfg.server.sys_interval_s = 1;
+    // The default ACL keeps clients off `$`-topics other than `$SYS` reads; open `$app/`.
+    std::fs::create_dir_all(&cfg.server.data_dir).unwrap();
+    let acl = cfg.server.data_dir.join("dollar.acl");
+    std::fs::write(
+        &acl,
+        "default deny\nallow all publish,subscribe filter:$app/#\nallow all subscribe filter:$SYS/#\nallow all publish,subscribe filter:#\n",
+    )
+    .unwrap();
+    cfg.server.acl_file = Some(acl);
     let srv = TestServer::start(cfg).await;
     let mut c = srv.v5("dollar").await;
     c.subscribe("#", QoS::AtMostOnce).await;

@@ -39,6 +39,30 @@ pub struct Broker {
     next_client_seq: AtomicU64,
     /// The shared log and the index.
     pub persist: Arc<Persist>,
+    /// Password file and ACL, swapped as a whole on reload.
+    auth: RwLock<Arc<Auth>>,
+}
+
+/// Authentication and authorization in force.
+pub struct Auth {
+    /// When set, clients must present a username and a matching password.
+    pub passwords: Option<lanemq_acl::PasswordFile>,
+    pub acl: lanemq_acl::Acl,
+}
+
+impl Auth {
+    /// Load the files named in the configuration; every error is reported.
+    pub fn load(cfg: &crate::config::ServerConfig) -> Result<Auth, String> {
+        let passwords = match &cfg.password_file {
+            Some(p) => Some(lanemq_acl::PasswordFile::load(p).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let acl = match &cfg.acl_file {
+            Some(p) => lanemq_acl::Acl::load(p).map_err(|e| e.to_string())?,
+            None => lanemq_acl::Acl::embedded_default(),
+        };
+        Ok(Auth { passwords, acl })
+    }
 }
 
 /// What ingest did with a message.
@@ -51,7 +75,7 @@ pub struct Ingested {
 }
 
 impl Broker {
-    pub fn new(config: Config, persist: Arc<Persist>) -> Arc<Broker> {
+    pub fn new(config: Config, persist: Arc<Persist>, auth: Auth) -> Arc<Broker> {
         let (shutdown_tx, _) = watch::channel(false);
         Arc::new(Broker {
             config,
@@ -63,7 +87,21 @@ impl Broker {
             shutdown_tx,
             next_client_seq: AtomicU64::new(1),
             persist,
+            auth: RwLock::new(Arc::new(auth)),
         })
+    }
+
+    /// The password file and ACL in force.
+    pub fn auth(&self) -> Arc<Auth> {
+        self.auth.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Re-read the password file and the ACL (SIGHUP). A file that fails to load is reported
+    /// and the rules in force stay. Subscriptions already granted are not re-checked.
+    pub fn reload_auth(&self) -> Result<(), String> {
+        let auth = Auth::load(&self.config.server)?;
+        *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
+        Ok(())
     }
 
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {

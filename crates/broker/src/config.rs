@@ -42,6 +42,10 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// Interval of the `$SYS/broker/...` publications (0 disables them).
     pub sys_interval_s: u64,
+    /// mosquitto_passwd-compatible password file; when set, every client must authenticate.
+    pub password_file: Option<PathBuf>,
+    /// ACL file (docs/security.md); unset = the embedded copy of `acl/default.acl`.
+    pub acl_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +55,8 @@ impl Default for ServerConfig {
             allow_anonymous: true,
             shutdown_grace_ms: 5_000,
             sys_interval_s: 10,
+            password_file: None,
+            acl_file: None,
         }
     }
 }
@@ -312,6 +318,16 @@ impl Config {
                 errors.push(format!(
                     "mqtt.deny_subscribe: {f:?} is not a valid topic filter"
                 ));
+            }
+        }
+        if let Some(p) = &self.server.password_file {
+            if let Err(e) = lanemq_acl::PasswordFile::load(p) {
+                errors.push(format!("server.password_file: {e}"));
+            }
+        }
+        if let Some(p) = &self.server.acl_file {
+            if let Err(e) = lanemq_acl::Acl::load(p) {
+                errors.push(format!("server.acl_file: {e}"));
             }
         }
         let st = &self.storage;

@@ -15,6 +15,7 @@ use crate::persist::{Op, SessionMeta};
 use crate::router::Subscriber;
 use crate::session::{Inflight, InflightStage, Kick, Session, Subscription};
 use bytes::BytesMut;
+use lanemq_acl::{Action, Request};
 use lanemq_protocol::reason as rc;
 use lanemq_protocol::topic;
 use lanemq_protocol::{
@@ -178,6 +179,29 @@ async fn linger<R: AsyncRead + Unpin>(reader: &mut R) {
     .await;
 }
 
+/// Check the CONNECT's credentials: against the password file when one is configured
+/// (clients without a username count as anonymous), else only `allow_anonymous`. Without a
+/// password file a username is taken as given (as mosquitto does), for ACL rules by user.
+async fn authenticate(broker: &Arc<Broker>, c: &Connect) -> bool {
+    let anonymous_ok = broker.config.server.allow_anonymous;
+    let auth = broker.auth();
+    let Some(user) = c.username.clone() else {
+        return anonymous_ok;
+    };
+    if auth.passwords.is_none() {
+        return true;
+    }
+    let password = c.password.clone().unwrap_or_default();
+    // PBKDF2 takes a while by design: keep it off the runtime's worker threads.
+    tokio::task::spawn_blocking(move || {
+        auth.passwords
+            .as_ref()
+            .is_some_and(|p| p.verify(&user, &password))
+    })
+    .await
+    .unwrap_or(false)
+}
+
 /// Map a decode error of the first packet to a CONNACK where the protocol allows one.
 async fn reject_bad_connect<W: AsyncWrite + Unpin>(writer: &mut W, err: &DecodeError) {
     let (version, code) = match err {
@@ -259,6 +283,8 @@ struct Conn {
     wbuf: BytesMut,
     /// Sessions this connection's publishes congested: reading pauses until they drain.
     congested: Vec<Arc<Session>>,
+    /// Username as presented in CONNECT (authenticated when a password file is in use).
+    username: Option<Arc<str>>,
     /// Stored PUBLISHes not yet durable, in arrival order.
     pending: VecDeque<PendingPub>,
     completions: Arc<Completions>,
@@ -306,13 +332,15 @@ impl Conn {
             });
         } else if c.properties.authentication_method.is_some() {
             reject = Some(rc::BAD_AUTHENTICATION_METHOD);
-        } else if !broker.config.server.allow_anonymous && c.username.is_none() {
+        } else if !authenticate(&broker, &c).await {
             broker.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
-            reject = Some(if v5 {
-                rc::BAD_USER_NAME_OR_PASSWORD
-            } else {
-                rc::NOT_AUTHORIZED
-            });
+            warn!(
+                username = c.username.as_deref().unwrap_or(""),
+                client_id = %c.client_id,
+                %peer,
+                "authentication failed"
+            );
+            reject = Some(rc::BAD_USER_NAME_OR_PASSWORD);
         } else if c.client_id.is_empty() && !v5 && !c.clean_start {
             reject = Some(rc::CLIENT_IDENTIFIER_NOT_VALID);
         } else if let Some(w) = &c.will {
@@ -502,6 +530,7 @@ impl Conn {
             session_expiry_s,
             wbuf,
             congested: Vec::new(),
+            username: c.username.as_deref().map(Arc::from),
             pending: VecDeque::new(),
             completions: Arc::new(Completions {
                 ok: AtomicU64::new(0),
@@ -985,9 +1014,11 @@ impl Conn {
             self.queue_ack(ack, rc::PAYLOAD_FORMAT_INVALID);
             return Ok(());
         }
-        if topic.starts_with("$SYS/") || &*topic == "$SYS" {
-            // The broker's own statistics: clients may read them, never write them.
-            debug!(topic = %topic, "publish to $SYS refused");
+        if topic.starts_with("$SYS/") || &*topic == "$SYS" || !self.allowed(Action::Publish, &topic)
+        {
+            // Refused: $SYS is the broker's own (clients may read it, never write it), or the
+            // ACL denies it. MQTT 5 learns why; 3.1.1 cannot be told, the message is dropped.
+            debug!(topic = %topic, "publish refused");
             if self.version.is_v5() {
                 self.queue_ack(ack, rc::NOT_AUTHORIZED);
             } else {
@@ -1006,6 +1037,26 @@ impl Conn {
             st.inbound_qos2.insert(pid);
         }
         self.accept(topic, p, ack)
+    }
+
+    /// Does the ACL allow this action on this topic (or filter)?
+    fn allowed(&self, action: Action, topic: &str) -> bool {
+        let auth = self.broker.auth();
+        let req = Request {
+            username: self.username.as_deref(),
+            client_id: &self.client_id,
+            ip: self.peer.ip(),
+            action,
+            topic,
+        };
+        let d = match action {
+            Action::Subscribe => auth.acl.check_subscribe(&req, false),
+            _ => auth.acl.check(&req),
+        };
+        if !d.allowed {
+            debug!(?action, topic, decision = %d, "ACL denied");
+        }
+        d.allowed
     }
 
     /// Send an acknowledgement now, or after the stored messages received before it.
@@ -1245,6 +1296,14 @@ impl Conn {
             if !topic::valid_filter(inner) {
                 codes.push(if v5 {
                     rc::TOPIC_FILTER_INVALID
+                } else {
+                    rc::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
+            if !self.allowed(Action::Subscribe, &f.filter) {
+                codes.push(if v5 {
+                    rc::NOT_AUTHORIZED
                 } else {
                     rc::UNSPECIFIED_ERROR
                 });

@@ -64,6 +64,7 @@ impl Server {
                 .map_err(|e| anyhow_lite::Error(e.to_string()))?;
             bound.push((l.kind, addr, listener, acceptor));
         }
+        let auth = crate::broker::Auth::load(&config.server).map_err(anyhow_lite::Error)?;
         let data_dir = config.server.data_dir.clone();
         let storage = config.storage.clone();
         let persist = tokio::task::spawn_blocking(move || {
@@ -82,7 +83,7 @@ impl Server {
         })
         .await
         .map_err(|e| anyhow_lite::Error(e.to_string()))??;
-        let broker = Broker::new(config, persist);
+        let broker = Broker::new(config, persist, auth);
         let restored = {
             let b = broker.clone();
             tokio::task::spawn_blocking(move || {

@@ -32,10 +32,51 @@ enum Command {
     },
     /// Load generator: publishers and subscribers against an MQTT broker.
     Bench(lanemq_bench::BenchOpts),
+    /// Add or update a user in a mosquitto_passwd-compatible password file (the password is
+    /// read from the terminal without echo, or from stdin).
+    Passwd {
+        /// The password file (created if missing).
+        file: PathBuf,
+        /// The user name.
+        user: String,
+        /// Remove the user instead.
+        #[arg(long)]
+        delete: bool,
+    },
+    /// ACL tools.
+    Acl {
+        #[command(subcommand)]
+        command: AclCommand,
+    },
     /// Offline tools for the shared log (run them while the broker is stopped).
     Log {
         #[command(subcommand)]
         command: LogCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AclCommand {
+    /// Print the decision of an ACL file for one request and the rule (file:line) that made
+    /// it; exit status 0 allow, 1 deny.
+    Check {
+        /// ACL file (default: the embedded acl/default.acl).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long, default_value = "")]
+        client: String,
+        #[arg(long, default_value = "127.0.0.1")]
+        ip: std::net::IpAddr,
+        /// publish, subscribe or create.
+        #[arg(long)]
+        action: lanemq_acl::Action,
+        #[arg(long)]
+        topic: String,
+        /// The subscription would auto-create a stream.
+        #[arg(long)]
+        auto_create: bool,
     },
 }
 
@@ -74,6 +115,12 @@ struct ServeArgs {
     /// Accept clients without credentials (overrides server.allow_anonymous).
     #[arg(long)]
     allow_anonymous: bool,
+    /// ACL file (overrides server.acl_file).
+    #[arg(long, env = "LANEMQ_ACL")]
+    acl: Option<PathBuf>,
+    /// Password file (overrides server.password_file).
+    #[arg(long, env = "LANEMQ_PASSWD")]
+    passwd: Option<PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -87,6 +134,8 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve(args),
         Command::Bench(opts) => bench(opts),
         Command::Log { command } => log_command(command),
+        Command::Passwd { file, user, delete } => passwd(&file, &user, delete),
+        Command::Acl { command } => acl_command(command),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -141,6 +190,12 @@ fn serve(args: ServeArgs) -> Result<()> {
     if args.allow_anonymous {
         config.server.allow_anonymous = true;
     }
+    if let Some(f) = args.acl {
+        config.server.acl_file = Some(f);
+    }
+    if let Some(f) = args.passwd {
+        config.server.password_file = Some(f);
+    }
     config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -153,6 +208,21 @@ fn serve(args: ServeArgs) -> Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         info!(version = env!("CARGO_PKG_VERSION"), addrs = ?server.local_addrs(), "lanemq ready");
+        let broker = server.broker().clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else {
+                return;
+            };
+            while hup.recv().await.is_some() {
+                match broker.reload_auth() {
+                    Ok(()) => info!("SIGHUP: password file and ACL reloaded"),
+                    Err(e) => {
+                        warn!(error = %e, "SIGHUP: reload failed, the previous rules stay in force")
+                    }
+                }
+            }
+        });
         wait_for_signal().await?;
         info!(
             grace_ms = grace.as_millis() as u64,
@@ -181,6 +251,87 @@ async fn wait_for_signal() -> Result<()> {
         _ = int.recv() => {}
     }
     Ok(())
+}
+
+fn read_password() -> Result<String> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let tty = std::io::stdin().is_terminal();
+    let echo_off = |on: bool| {
+        let _ = std::process::Command::new("stty")
+            .arg(if on { "echo" } else { "-echo" })
+            .stdin(std::process::Stdio::inherit())
+            .status();
+    };
+    let mut line = String::new();
+    if tty {
+        eprint!("Password: ");
+        let _ = std::io::stderr().flush();
+        echo_off(false);
+        let r = std::io::stdin().lock().read_line(&mut line);
+        echo_off(true);
+        eprintln!();
+        r?;
+    } else {
+        std::io::stdin().lock().read_line(&mut line)?;
+    }
+    let pw = line.trim_end_matches(['\n', '\r']).to_string();
+    if pw.is_empty() {
+        anyhow::bail!("empty password");
+    }
+    Ok(pw)
+}
+
+fn passwd(file: &Path, user: &str, delete: bool) -> Result<()> {
+    let mut pf = if file.exists() {
+        lanemq_acl::PasswordFile::load(file).map_err(|e| anyhow::anyhow!("{e}"))?
+    } else {
+        lanemq_acl::PasswordFile::new()
+    };
+    if delete {
+        if !pf.remove(user) {
+            anyhow::bail!("{user}: no such user in {}", file.display());
+        }
+    } else {
+        let pw = read_password()?;
+        pf.upsert(user, pw.as_bytes())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    pf.save(file)
+        .with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(())
+}
+
+fn acl_command(command: AclCommand) -> Result<()> {
+    let AclCommand::Check {
+        file,
+        user,
+        client,
+        ip,
+        action,
+        topic,
+        auto_create,
+    } = command;
+    let acl = match &file {
+        Some(f) => lanemq_acl::Acl::load(f).map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => lanemq_acl::Acl::embedded_default(),
+    };
+    let req = lanemq_acl::Request {
+        username: user.as_deref(),
+        client_id: &client,
+        ip,
+        action,
+        topic: &topic,
+    };
+    let d = match action {
+        lanemq_acl::Action::Subscribe => acl.check_subscribe(&req, auto_create),
+        _ => acl.check(&req),
+    };
+    println!("{d}");
+    if d.allowed {
+        Ok(())
+    } else {
+        std::process::exit(1);
+    }
 }
 
 fn log_command(command: LogCommand) -> Result<()> {
