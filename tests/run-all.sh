@@ -119,6 +119,9 @@ if ! phase build cargo build --release --workspace --all-targets; then
   exit 1
 fi
 phase tests run_tests || true
+# The cargo-fuzz targets must keep building (stable toolchain, no instrumentation: running
+# them is crates/fuzz/run.sh's job).
+phase fuzz-build bash -c 'cd crates/fuzz && cargo build --target-dir ../../target/fuzz' || true
 export LANEMQ_BIN=$ROOT/target/release/lanemq
 for s in $(interop_scripts); do
   phase "$(basename "$s" .sh)" timeout "$INTEROP_TIMEOUT" bash "$s" || true

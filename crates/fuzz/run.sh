@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every cargo-fuzz target for a given number of seconds each (default 60).
-#   fuzz/run.sh [seconds] [extra libFuzzer args...]
+#   crates/fuzz/run.sh [seconds] [extra libFuzzer args...]
 # Needs cargo-fuzz (`cargo install cargo-fuzz`). Only a stable toolchain is required:
 # RUSTC_BOOTSTRAP=1 unlocks the -Z flags cargo-fuzz passes to rustc (sanitizer, coverage).
 set -euo pipefail
