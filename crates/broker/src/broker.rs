@@ -521,9 +521,26 @@ impl Broker {
                 .map(|(pid, seq, stage)| (seq, (pid, stage)))
                 .collect();
             let inbound = p.load_inbound(&client)?;
+            let queued_seqs: HashSet<u64> = queue.iter().map(|q| q.0).collect();
+            for (&seq, &(pid, _)) in &inflight {
+                if !queued_seqs.contains(&seq) {
+                    // Its delivery finished just before a crash: forget the stale state.
+                    p.submit(Op::InflightRemove {
+                        client: client_id.clone(),
+                        pid,
+                    });
+                }
+            }
+            let max_seq = queue
+                .iter()
+                .map(|q| q.0)
+                .chain(inflight.keys().copied())
+                .max()
+                .unwrap_or(0);
             {
                 let mut st = session.lock();
                 st.expiry_s = meta.expiry_s;
+                st.next_seq = max_seq + 1;
                 let mut seen = HashSet::new();
                 for (filter, v) in &subs {
                     let (options, sub_id) = decode_sub(v);

@@ -1241,14 +1241,19 @@ impl Conn {
         if seq == 0 {
             return;
         }
+        // Queue entry first: if a crash keeps only a prefix of these ops, an inflight entry
+        // without its queue entry is ignored at restore, whereas a queue entry without its
+        // inflight state would be sent again as a new message (a QoS 2 duplicate).
         let client = self.client_id.clone();
+        self.broker.persist.submit(Op::QueueRemove {
+            client: client.clone(),
+            seq,
+        });
         if let Some(pid) = pid {
-            self.broker.persist.submit(Op::InflightRemove {
-                client: client.clone(),
-                pid,
-            });
+            self.broker
+                .persist
+                .submit(Op::InflightRemove { client, pid });
         }
-        self.broker.persist.submit(Op::QueueRemove { client, seq });
     }
 
     /// Hold everything encoded from now on until the index has flushed `ticket`.
