@@ -190,6 +190,10 @@ fn prefix(client: &str) -> Vec<u8> {
     key(client, &[])
 }
 
+fn be_u16(v: &[u8]) -> Option<u16> {
+    Some(u16::from_be_bytes(v.get(0..2)?.try_into().ok()?))
+}
+
 fn be_u64(v: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(v.get(0..8)?.try_into().ok()?))
 }
@@ -583,11 +587,7 @@ impl Persist {
         let mut out = Vec::new();
         for kv in self.trees.inflight.scan_prefix(&p) {
             let (k, v) = kv?;
-            let pid = k
-                .get(p.len()..p.len() + 2)
-                .and_then(|b| b.try_into().ok())
-                .map(u16::from_be_bytes)
-                .ok_or(PersistError::Corrupt("inflight"))?;
+            let pid = be_u16(&k[p.len()..]).ok_or(PersistError::Corrupt("inflight"))?;
             let seq = be_u64(&v).ok_or(PersistError::Corrupt("inflight"))?;
             let stage = *v.get(8).ok_or(PersistError::Corrupt("inflight"))?;
             out.push((pid, seq, stage));
@@ -601,11 +601,7 @@ impl Persist {
         let mut out = Vec::new();
         for kv in self.trees.inbound.scan_prefix(&p) {
             let (k, v) = kv?;
-            let pid = k
-                .get(p.len()..p.len() + 2)
-                .and_then(|b| b.try_into().ok())
-                .map(u16::from_be_bytes)
-                .ok_or(PersistError::Corrupt("inbound"))?;
+            let pid = be_u16(&k[p.len()..]).ok_or(PersistError::Corrupt("inbound"))?;
             let offset = be_u64(&v).ok_or(PersistError::Corrupt("inbound"))?;
             out.push((pid, offset, v.get(8).copied().unwrap_or(0) == 1));
         }
