@@ -1,0 +1,1 @@
+//! REST admin API (placeholder).
