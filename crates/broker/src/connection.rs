@@ -464,7 +464,7 @@ impl Conn {
             });
             match &c.will {
                 Some(w) if will_delay_s > 0 => {
-                    let msg = Message::new(
+                    let mut msg = Message::new(
                         w.topic.as_str().into(),
                         w.payload.clone(),
                         w.qos,
@@ -472,6 +472,7 @@ impl Conn {
                         will_properties(w),
                         client_id.clone(),
                     );
+                    msg.username = c.username.as_deref().map(Arc::from);
                     let rec = crate::persist::record_in(&msg, None);
                     persist.submit(Op::WillPut {
                         client: client_id.clone(),
@@ -1104,6 +1105,7 @@ impl Conn {
             p.properties,
             self.client_id.clone(),
         );
+        msg.username = self.username.clone();
         let pid = (p.qos == QoS::ExactlyOnce).then_some(p.packet_id);
         let rec = crate::persist::record_in(&msg, pid);
         let cb: lanemq_store::Callback = if fast && !retain {

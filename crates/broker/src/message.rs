@@ -23,6 +23,8 @@ pub struct Message {
     pub timestamp_us: u64,
     /// Position in the shared log ([`NOT_STORED`] for `$SYS` and replayed copies not in it).
     pub offset: u64,
+    /// The publisher's user name (stored for stream key expressions; never forwarded).
+    pub username: Option<Arc<str>>,
 }
 
 /// `Message::offset` of a message that is not in the log.
@@ -52,6 +54,7 @@ impl Message {
             publisher,
             timestamp_us: now_us(),
             offset: NOT_STORED,
+            username: None,
         }
     }
 
@@ -74,6 +77,7 @@ impl Message {
             publisher: r.client_id.as_str().into(),
             timestamp_us: r.timestamp_us,
             offset: r.offset,
+            username: r.properties.username.as_deref().map(Arc::from),
         }
     }
 

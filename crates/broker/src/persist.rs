@@ -669,6 +669,7 @@ pub fn to_store_properties(p: &PublishProperties) -> Properties {
         response_topic: p.response_topic.clone(),
         correlation_data: p.correlation_data.clone(),
         user_properties: p.user_properties.clone(),
+        username: None,
     }
 }
 
@@ -692,7 +693,10 @@ pub fn record_in(msg: &crate::message::Message, pid: Option<u16>) -> RecordIn {
         retain: msg.retain,
         topic: msg.topic.to_string(),
         client_id: msg.publisher.to_string(),
-        properties: to_store_properties(&msg.properties),
+        properties: Properties {
+            username: msg.username.as_deref().map(str::to_string),
+            ..to_store_properties(&msg.properties)
+        },
         index_hints: pid
             .map(|p| {
                 vec![IndexHint {
@@ -834,6 +838,7 @@ fn decode_record_in(v: &[u8]) -> Option<RecordIn> {
             response_topic: rt,
             correlation_data: cd,
             user_properties,
+            username: None,
         },
         index_hints: Vec::new(),
         payload,
@@ -860,6 +865,7 @@ mod tests {
                 response_topic: None,
                 correlation_data: Some(Bytes::from_static(b"x")),
                 user_properties: vec![("k".into(), "v".into()), ("k".into(), "w".into())],
+                username: None,
             },
             index_hints: vec![],
             payload: Bytes::from_static(b"bye"),

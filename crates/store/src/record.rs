@@ -47,7 +47,8 @@ const PROP_MESSAGE_EXPIRY: u8 = 1 << 1;
 const PROP_CONTENT_TYPE: u8 = 1 << 2;
 const PROP_RESPONSE_TOPIC: u8 = 1 << 3;
 const PROP_CORRELATION_DATA: u8 = 1 << 4;
-const PROP_RESERVED: u8 = 0b1110_0000;
+const PROP_USERNAME: u8 = 1 << 5;
+const PROP_RESERVED: u8 = 0b1100_0000;
 
 /// Byte position of the offset inside an encoded record.
 const POS_OFFSET: usize = RECORD_HEADER_LEN;
@@ -71,6 +72,9 @@ pub struct Properties {
     pub correlation_data: Option<Bytes>,
     /// User Properties (0x26), in the order received, duplicates kept.
     pub user_properties: Vec<(String, String)>,
+    /// The publisher's authenticated user name (not an MQTT message property: kept for
+    /// stream key expressions such as `message.username`; never forwarded to subscribers).
+    pub username: Option<String>,
 }
 
 /// A position in some secondary index, stored in the record so the index can be rebuilt
@@ -126,6 +130,7 @@ impl RecordIn {
         props += p.content_type.as_ref().map_or(0, |s| 2 + s.len());
         props += p.response_topic.as_ref().map_or(0, |s| 2 + s.len());
         props += p.correlation_data.as_ref().map_or(0, |s| 2 + s.len());
+        props += p.username.as_ref().map_or(0, |s| 2 + s.len());
         props += p
             .user_properties
             .iter()
@@ -212,6 +217,9 @@ fn encode_properties(buf: &mut Vec<u8>, p: &Properties) -> Result<(), &'static s
     if p.correlation_data.is_some() {
         present |= PROP_CORRELATION_DATA;
     }
+    if p.username.is_some() {
+        present |= PROP_USERNAME;
+    }
     buf.push(present);
     if let Some(v) = p.payload_format_indicator {
         buf.push(v);
@@ -227,6 +235,9 @@ fn encode_properties(buf: &mut Vec<u8>, p: &Properties) -> Result<(), &'static s
     }
     if let Some(v) = &p.correlation_data {
         put_str16(buf, v, "correlation data longer than 65535 bytes")?;
+    }
+    if let Some(v) = &p.username {
+        put_str16(buf, v.as_bytes(), "user name longer than 65535 bytes")?;
     }
     let count =
         u16::try_from(p.user_properties.len()).map_err(|_| "more than 65535 user properties")?;
@@ -462,6 +473,9 @@ fn decode_properties(c: &mut Cursor<'_>) -> Result<Properties, &'static str> {
     if present & PROP_CORRELATION_DATA != 0 {
         p.correlation_data = Some(c.bytes16()?);
     }
+    if present & PROP_USERNAME != 0 {
+        p.username = Some(c.str16()?);
+    }
     let n = c.u16()? as usize;
     let mut ups = Vec::with_capacity(n.min(1024));
     for _ in 0..n {
@@ -557,6 +571,7 @@ mod tests {
                 response_topic: Some("r/t".into()),
                 correlation_data: Some(Bytes::from_static(b"\x00\x01")),
                 user_properties: vec![("k".into(), "v".into()), ("k".into(), "w".into())],
+                username: Some("alice".into()),
             },
             index_hints: vec![IndexHint {
                 kind: IndexHint::KIND_LANE,

@@ -43,6 +43,7 @@ pub fn rec(i: u64) -> RecordIn {
             user_properties: (0..(i % 3))
                 .map(|k| (format!("k{k}"), format!("v{i}")))
                 .collect(),
+            username: (i % 4 == 1).then(|| format!("user{}", i % 3)),
         },
         index_hints: if i % 2 == 1 {
             vec![IndexHint {
