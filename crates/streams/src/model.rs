@@ -43,12 +43,12 @@ impl SpecDuration {
 
     pub fn parse(s: &str) -> Result<SpecDuration, String> {
         let t = s.trim();
-        let split = t
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(t.len());
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         if num.is_empty() {
-            return Err(format!("invalid duration {s:?}: expected a number and a unit (7d, 1h, 30m, 10s, 500ms)"));
+            return Err(format!(
+                "invalid duration {s:?}: expected a number and a unit (7d, 1h, 30m, 10s, 500ms)"
+            ));
         }
         let n: u64 = num
             .parse()
@@ -80,7 +80,12 @@ impl SpecDuration {
 impl fmt::Display for SpecDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.as_millis();
-        for (unit, per) in [("d", 86_400_000u64), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+        for (unit, per) in [
+            ("d", 86_400_000u64),
+            ("h", 3_600_000),
+            ("m", 60_000),
+            ("s", 1000),
+        ] {
             if ms >= per && ms % per == 0 {
                 return write!(f, "{}{unit}", ms / per);
             }
@@ -251,10 +256,16 @@ impl StreamDef {
             errs.push(verr("data_retention_period", "must be greater than 0"));
         }
         if self.limits.max_message_count == Limit::Max(0) {
-            errs.push(verr("limits.max_message_count", "must be greater than 0 (or \"infinity\")"));
+            errs.push(verr(
+                "limits.max_message_count",
+                "must be greater than 0 (or \"infinity\")",
+            ));
         }
         if self.limits.max_message_bytes == Limit::Max(0) {
-            errs.push(verr("limits.max_message_bytes", "must be greater than 0 (or \"infinity\")"));
+            errs.push(verr(
+                "limits.max_message_bytes",
+                "must be greater than 0 (or \"infinity\")",
+            ));
         }
         if self.read_max_unacked == 0 || self.read_max_unacked > READ_MAX_UNACKED_MAX {
             errs.push(verr(
@@ -296,10 +307,14 @@ pub fn validate_filter(filter: &str) -> Result<(), String> {
         return Err(format!("{filter:?} is not a valid MQTT topic filter"));
     }
     if filter.starts_with("$share/") || filter.starts_with("$queue/") {
-        return Err(format!("{filter:?}: a stream cannot capture a shared subscription filter"));
+        return Err(format!(
+            "{filter:?}: a stream cannot capture a shared subscription filter"
+        ));
     }
     if filter.starts_with("$stream/") || filter.starts_with("$s/") || filter == "$stream" {
-        return Err(format!("{filter:?}: a stream cannot capture stream subscriptions"));
+        return Err(format!(
+            "{filter:?}: a stream cannot capture stream subscriptions"
+        ));
     }
     Ok(())
 }
@@ -432,7 +447,10 @@ impl GlobalSettings {
             errs.push(verr("gc_interval", "must be at least 1s"));
         }
         if self.regular_stream_retention_period.0.is_zero() {
-            errs.push(verr("regular_stream_retention_period", "must be greater than 0"));
+            errs.push(verr(
+                "regular_stream_retention_period",
+                "must be greater than 0",
+            ));
         }
         if let Some(lv) = &self.auto_create.lastvalue {
             if let Err(m) = crate::keyexpr::KeyExpr::parse(&lv.key_expression) {
@@ -494,7 +512,12 @@ mod tests {
 
     #[test]
     fn durations_round_trip() {
-        for (s, ms) in [("7d", 604_800_000u64), ("1h", 3_600_000), ("90s", 90_000), ("250ms", 250)] {
+        for (s, ms) in [
+            ("7d", 604_800_000u64),
+            ("1h", 3_600_000),
+            ("90s", 90_000),
+            ("250ms", 250),
+        ] {
             let d = SpecDuration::parse(s).expect("parses");
             assert_eq!(d.as_millis(), ms);
             assert_eq!(SpecDuration::parse(&d.to_string()).expect("reparses"), d);
@@ -546,10 +569,16 @@ mod tests {
         .expect("valid");
         assert!(g.auto_create.regular);
         assert_eq!(
-            g.auto_create.lastvalue.as_ref().map(|l| l.key_expression.as_str()),
+            g.auto_create
+                .lastvalue
+                .as_ref()
+                .map(|l| l.key_expression.as_str()),
             Some("message.topic")
         );
         let back = serde_json::to_value(&g).expect("serializes");
-        assert_eq!(back["auto_create"]["lastvalue"]["key_expression"], "message.topic");
+        assert_eq!(
+            back["auto_create"]["lastvalue"]["key_expression"],
+            "message.topic"
+        );
     }
 }

@@ -7,6 +7,8 @@ pub enum StartFrom {
     Latest,
     /// Unix time in microseconds (inclusive).
     TimestampUs(u64),
+    /// Resume after this position (`@<n>`: the `stream-offset` of the last message processed).
+    After(u64),
 }
 
 /// A `$stream/...` or `$s/...` subscription topic, parsed.
