@@ -1204,6 +1204,7 @@ impl StreamReader {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::model::Limit;
     use lanemq_store::{Index, RecordIn, StoreOptions};
