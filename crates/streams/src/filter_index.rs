@@ -164,8 +164,7 @@ impl<T: Clone + PartialEq> FilterIndex<T> {
             return false;
         };
         // After removal, is the end node empty?
-        let end_empty = node.edges() == 0
-            && node.values.len() + node.hash.len() == 1;
+        let end_empty = node.edges() == 0 && node.values.len() + node.hash.len() == 1;
         // cut = index in `path` of the shallowest node to drop (0 = nothing, the root stays).
         let mut cut = 0;
         if end_empty && !steps.is_empty() {
@@ -496,11 +495,12 @@ mod tests {
         }
         let mut e = idx.entries();
         e.sort();
-        let mut want: Vec<(String, usize)> = ["a/b", "#", "+", "/", "", "a//#", "+/+/#", "$x/+", "a/b"]
-            .iter()
-            .enumerate()
-            .map(|(i, f)| (f.to_string(), i))
-            .collect();
+        let mut want: Vec<(String, usize)> =
+            ["a/b", "#", "+", "/", "", "a//#", "+/+/#", "$x/+", "a/b"]
+                .iter()
+                .enumerate()
+                .map(|(i, f)| (f.to_string(), i))
+                .collect();
         want.sort();
         assert_eq!(e, want);
         let c = idx.clone();

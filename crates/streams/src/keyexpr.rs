@@ -205,7 +205,9 @@ fn parse_json_value(s: &str, args: &str) -> Result<Kind, String> {
         .or_else(|| path.strip_prefix('"').and_then(|p| p.strip_suffix('"')))
         .ok_or_else(usage)?;
     if inner.is_empty() {
-        return Err(format!("key expression {s:?}: the json_value path is empty"));
+        return Err(format!(
+            "key expression {s:?}: the json_value path is empty"
+        ));
     }
     let segments: Vec<String> = inner.split('.').map(str::to_string).collect();
     if segments.iter().any(String::is_empty) {
@@ -276,7 +278,10 @@ mod tests {
     #[test]
     fn message_fields() {
         assert_eq!(eval("message.from", b""), Some("dev-1".into()));
-        assert_eq!(eval("message.topic", b""), Some("sensors/room1/temp".into()));
+        assert_eq!(
+            eval("message.topic", b""),
+            Some("sensors/room1/temp".into())
+        );
         assert_eq!(eval("message.username", b""), Some("alice".into()));
         assert_eq!(eval("message.qos", b""), Some("1".into()));
         assert_eq!(eval("  message.from  ", b""), Some("dev-1".into()));
@@ -337,7 +342,10 @@ mod tests {
     #[test]
     fn json_paths() {
         assert_eq!(eval("payload.$.device.id", DOC), Some("d-42".into()));
-        assert_eq!(eval("message.payload.$.device.id", DOC), Some("d-42".into()));
+        assert_eq!(
+            eval("message.payload.$.device.id", DOC),
+            Some("d-42".into())
+        );
         assert_eq!(eval("payload.$.top", DOC), Some("t".into()));
         assert_eq!(eval("payload.$['device']['id']", DOC), Some("d-42".into()));
         assert_eq!(eval("payload.$.device.n", DOC), Some("7".into()));
@@ -400,7 +408,10 @@ mod tests {
             eval("json_value(payload,'items.1.id')", DOC),
             Some("i1".into())
         );
-        assert_eq!(eval("json_value(message.payload,'top')", DOC), Some("t".into()));
+        assert_eq!(
+            eval("json_value(message.payload,'top')", DOC),
+            Some("t".into())
+        );
         assert_eq!(eval("json_value(message.payload,'device.obj')", DOC), None);
         assert_eq!(eval("json_value(message.payload,'device.nil')", DOC), None);
         assert_eq!(eval("json_value(message.payload,'top.x')", DOC), None);

@@ -93,8 +93,11 @@ fn parse_named(filter: &str, rest: &str) -> Result<StreamTopic, SubscribeError> 
             "{filter:?} names no stream: use $stream/<name> or $stream/<name>/<topic filter>."
         )));
     }
-    validate_name(name)
-        .map_err(|reason| err(format!("Invalid stream name {name:?} in {filter:?}: {reason}.")))?;
+    validate_name(name).map_err(|reason| {
+        err(format!(
+            "Invalid stream name {name:?} in {filter:?}: {reason}."
+        ))
+    })?;
     let filter_part = match embedded {
         None => None,
         Some("") => {
@@ -118,9 +121,7 @@ fn parse_named(filter: &str, rest: &str) -> Result<StreamTopic, SubscribeError> 
 fn parse_legacy(filter: &str, rest: &str) -> Result<StreamTopic, SubscribeError> {
     let usage = "use $s/<earliest|latest|timestamp in µs>/<topic filter>";
     let Some((offset, inner)) = rest.split_once('/') else {
-        return Err(err(format!(
-            "{filter:?} has no topic filter: {usage}."
-        )));
+        return Err(err(format!("{filter:?} has no topic filter: {usage}.")));
     };
     let start = match offset {
         "earliest" => StartFrom::Earliest,
@@ -285,7 +286,12 @@ mod tests {
         assert!(parse_topic(&long).is_err());
         let e = parse_topic("$stream/events/").unwrap_err();
         assert!(e.0.contains("empty"), "{e}");
-        for bad in ["$stream/e/a/#/b", "$stream/e/a+", "$stream/e/a#", "$stream/e/t\0"] {
+        for bad in [
+            "$stream/e/a/#/b",
+            "$stream/e/a+",
+            "$stream/e/a#",
+            "$stream/e/t\0",
+        ] {
             let e = parse_topic(bad).unwrap_err();
             assert!(e.0.contains("not a valid MQTT topic filter"), "{bad}: {e}");
         }
@@ -352,10 +358,7 @@ mod tests {
             parse_offset("1700000000000000"),
             Ok(StartFrom::TimestampUs(1_700_000_000_000_000))
         );
-        assert_eq!(
-            parse_offset(" 42 "),
-            Ok(StartFrom::TimestampUs(42))
-        );
+        assert_eq!(parse_offset(" 42 "), Ok(StartFrom::TimestampUs(42)));
         assert_eq!(
             parse_offset(&u64::MAX.to_string()),
             Ok(StartFrom::TimestampUs(u64::MAX))
