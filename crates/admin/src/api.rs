@@ -159,7 +159,12 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
     let Some(v) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let mime = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let mime = v
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
 }
 
@@ -199,7 +204,9 @@ struct AppState {
 }
 
 /// Runs a backend call on the blocking pool.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::internal(format!("backend call failed: {e}")))
@@ -363,9 +370,7 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, rest) = v.trim().split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| rest.trim())
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
 }
 
 async fn auth_mw(State(token): State<Arc<str>>, req: Request, next: Next) -> Response {
@@ -482,7 +487,10 @@ mod tests {
     fn json_content_types() {
         let mut h = HeaderMap::new();
         assert!(!is_json_content_type(&h));
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/json; charset=utf-8"),
+        );
         assert!(is_json_content_type(&h));
         h.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         assert!(!is_json_content_type(&h));
@@ -492,8 +500,16 @@ mod tests {
     fn stream_errors_map_to_statuses() {
         let cases = [
             (StreamError::NotFound("a".into()), 404, "NOT_FOUND"),
-            (StreamError::AlreadyExists("a".into()), 409, "ALREADY_EXISTS"),
-            (StreamError::MaxStreamCount(3), 400, "MAX_STREAM_COUNT_REACHED"),
+            (
+                StreamError::AlreadyExists("a".into()),
+                409,
+                "ALREADY_EXISTS",
+            ),
+            (
+                StreamError::MaxStreamCount(3),
+                400,
+                "MAX_STREAM_COUNT_REACHED",
+            ),
             (StreamError::Invalid(vec![]), 400, "BAD_REQUEST"),
             (StreamError::Immutable("topic_filter"), 400, "BAD_REQUEST"),
             (StreamError::Disabled, 503, "SERVICE_UNAVAILABLE"),

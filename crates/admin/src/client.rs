@@ -180,8 +180,8 @@ fn read_response(stream: &TcpStream) -> io::Result<Response> {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.clone())
     };
-    let chunked = find("transfer-encoding")
-        .is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
+    let chunked =
+        find("transfer-encoding").is_some_and(|te| te.to_ascii_lowercase().contains("chunked"));
     let mut body = Vec::new();
     if status == 204 || status == 304 {
         // no body
@@ -213,8 +213,8 @@ fn read_chunked(r: &mut impl BufRead, body: &mut Vec<u8>) -> io::Result<()> {
     loop {
         let line = read_line(r)?;
         let size = line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size, 16)
-            .map_err(|_| bad(format!("bad chunk size {line:?}")))?;
+        let size =
+            usize::from_str_radix(size, 16).map_err(|_| bad(format!("bad chunk size {line:?}")))?;
         if size == 0 {
             // Trailers, up to the empty line.
             while !read_line(r)?.is_empty() {}

@@ -15,7 +15,7 @@ pub mod openapi;
 mod token;
 
 pub use api::{
-    router, router_with, serve, AdminBackend, RouterOptions, API_PREFIX, BODY_LIMIT, LIST_LIMIT_DEFAULT,
-    LIST_LIMIT_MAX, REQUEST_TIMEOUT, ROUTES,
+    router, router_with, serve, AdminBackend, RouterOptions, API_PREFIX, BODY_LIMIT,
+    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, REQUEST_TIMEOUT, ROUTES,
 };
 pub use token::{load_or_create_token, TOKEN_FILE};

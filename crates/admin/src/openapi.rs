@@ -346,9 +346,15 @@ pub fn document() -> Value {
     paths.insert("/api/v5/stream/{name}".into(), stream_item(false));
     paths.insert("/api/v5/streams/config".into(), config_item(false));
     paths.insert("/api/v5/message_streams/streams".into(), streams_item(true));
-    paths.insert("/api/v5/message_streams/streams/{name}".into(), stream_item(true));
+    paths.insert(
+        "/api/v5/message_streams/streams/{name}".into(),
+        stream_item(true),
+    );
     paths.insert("/api/v5/message_streams/config".into(), config_item(true));
-    paths.insert("/api/v5/authorization/reload".into(), json!({ "post": reload }));
+    paths.insert(
+        "/api/v5/authorization/reload".into(),
+        json!({ "post": reload }),
+    );
     paths.insert("/api/v5/stats".into(), json!({ "get": stats }));
     paths.insert("/api/v5/openapi.json".into(), json!({ "get": openapi }));
     json!({

@@ -133,7 +133,10 @@ mod tests {
         assert_eq!(t1, t2);
         assert!(p.is_some());
         fs::write(d.join(TOKEN_FILE), "  handwritten\n").expect("write");
-        assert_eq!(load_or_create_token(&d, None).expect("third").0, "handwritten");
+        assert_eq!(
+            load_or_create_token(&d, None).expect("third").0,
+            "handwritten"
+        );
         let _ = fs::remove_dir_all(&d);
     }
 

@@ -247,7 +247,11 @@ fn duplicate_create_is_409_already_exists() {
     let s = Server::start();
     s.create("dup", "t");
     let body = r#"{"name":"dup","topic_filter":"u"}"#;
-    assert_error(s.call("POST", "/api/v5/streams", Some(body)), 409, "ALREADY_EXISTS");
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some(body)),
+        409,
+        "ALREADY_EXISTS",
+    );
 }
 
 #[test]
@@ -268,7 +272,10 @@ fn list_paginates_250_streams_with_a_cursor() {
         assert_eq!(st, 200, "{v}");
         pages += 1;
         let data = v["data"].as_array().expect("data");
-        names.extend(data.iter().map(|d| d["name"].as_str().expect("name").to_string()));
+        names.extend(
+            data.iter()
+                .map(|d| d["name"].as_str().expect("name").to_string()),
+        );
         assert_eq!(v["meta"]["limit"], 100);
         if v["meta"]["hasnext"] == json!(true) {
             assert_eq!(data.len(), 100);
@@ -320,7 +327,11 @@ fn update_replaces_the_definition_and_keeps_the_filter_fixed() {
     assert_eq!(v["read_max_unacked"], 5);
 
     let msg = assert_error(
-        s.call("PUT", "/api/v5/stream/u", Some(r#"{"topic_filter":"other"}"#)),
+        s.call(
+            "PUT",
+            "/api/v5/stream/u",
+            Some(r#"{"topic_filter":"other"}"#),
+        ),
         400,
         "BAD_REQUEST",
     );
@@ -331,7 +342,11 @@ fn update_replaces_the_definition_and_keeps_the_filter_fixed() {
 fn update_without_a_name_uses_the_path_name() {
     let s = Server::start();
     s.create("n", "t");
-    let (st, v) = s.call("PUT", "/api/v5/stream/n", Some(r#"{"topic_filter":"t","key_expression":"message.topic"}"#));
+    let (st, v) = s.call(
+        "PUT",
+        "/api/v5/stream/n",
+        Some(r#"{"topic_filter":"t","key_expression":"message.topic"}"#),
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["name"], "n");
     assert_eq!(v["key_expression"], "message.topic");
@@ -342,7 +357,11 @@ fn update_with_a_different_body_name_is_400() {
     let s = Server::start();
     s.create("n", "t");
     let msg = assert_error(
-        s.call("PUT", "/api/v5/stream/n", Some(r#"{"name":"m","topic_filter":"t"}"#)),
+        s.call(
+            "PUT",
+            "/api/v5/stream/n",
+            Some(r#"{"name":"m","topic_filter":"t"}"#),
+        ),
         400,
         "BAD_REQUEST",
     );
@@ -358,7 +377,11 @@ fn update_with_a_different_body_name_is_400() {
 fn update_of_an_unknown_stream_is_404() {
     let s = Server::start();
     assert_error(
-        s.call("PUT", "/api/v5/stream/ghost", Some(r#"{"topic_filter":"t"}"#)),
+        s.call(
+            "PUT",
+            "/api/v5/stream/ghost",
+            Some(r#"{"topic_filter":"t"}"#),
+        ),
         404,
         "NOT_FOUND",
     );
@@ -378,14 +401,22 @@ fn delete_is_204_then_404() {
 fn bad_name_and_bad_filter_are_400_with_every_reason() {
     let s = Server::start();
     let msg = assert_error(
-        s.call("POST", "/api/v5/streams", Some(r#"{"name":"-bad","topic_filter":"a/#/b"}"#)),
+        s.call(
+            "POST",
+            "/api/v5/streams",
+            Some(r#"{"name":"-bad","topic_filter":"a/#/b"}"#),
+        ),
         400,
         "BAD_REQUEST",
     );
     assert!(msg.contains("name:"), "{msg}");
     assert!(msg.contains("topic_filter:"), "{msg}");
     let msg = assert_error(
-        s.call("POST", "/api/v5/streams", Some(r#"{"name":"ok","topic_filter":"$share/g/t"}"#)),
+        s.call(
+            "POST",
+            "/api/v5/streams",
+            Some(r#"{"name":"ok","topic_filter":"$share/g/t"}"#),
+        ),
         400,
         "BAD_REQUEST",
     );
@@ -397,7 +428,11 @@ fn bad_name_and_bad_filter_are_400_with_every_reason() {
 fn unknown_field_is_400_naming_it() {
     let s = Server::start();
     let msg = assert_error(
-        s.call("POST", "/api/v5/streams", Some(r#"{"name":"a","topic_filter":"t","colour":"red"}"#)),
+        s.call(
+            "POST",
+            "/api/v5/streams",
+            Some(r#"{"name":"a","topic_filter":"t","colour":"red"}"#),
+        ),
         400,
         "BAD_REQUEST",
     );
@@ -413,7 +448,11 @@ fn malformed_json_is_400_json_error() {
         "BAD_REQUEST",
     );
     assert!(msg.contains("line 1"), "{msg}");
-    assert_error(s.call("POST", "/api/v5/streams", Some("")), 400, "BAD_REQUEST");
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some("")),
+        400,
+        "BAD_REQUEST",
+    );
 }
 
 #[test]
@@ -426,7 +465,11 @@ fn wrong_types_are_400() {
         r#"{"name":"a","topic_filter":"t","data_retention_period":"soon"}"#,
         r#"{"name":"a"}"#,
     ] {
-        assert_error(s.call("POST", "/api/v5/streams", Some(body)), 400, "BAD_REQUEST");
+        assert_error(
+            s.call("POST", "/api/v5/streams", Some(body)),
+            400,
+            "BAD_REQUEST",
+        );
     }
 }
 
@@ -445,7 +488,9 @@ fn missing_content_type_is_400_json() {
     assert_eq!(r.status, 400, "{}", r.body);
     let v: Value = serde_json::from_str(&r.body).expect("json");
     assert_eq!(v["code"], "BAD_REQUEST");
-    assert!(r.header("content-type").is_some_and(|c| c.starts_with("application/json")));
+    assert!(r
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("application/json")));
 }
 
 #[test]
@@ -467,7 +512,11 @@ fn disabled_streams_are_503() {
     let s = Server::start();
     lock(&s.fake.settings).enable = false;
     let body = r#"{"name":"c","topic_filter":"t"}"#;
-    assert_error(s.call("POST", "/api/v5/streams", Some(body)), 503, "SERVICE_UNAVAILABLE");
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some(body)),
+        503,
+        "SERVICE_UNAVAILABLE",
+    );
 }
 
 #[test]
@@ -483,7 +532,9 @@ fn missing_or_wrong_token_is_401_bad_token_with_www_authenticate() {
         for path in ["/api/v5/streams", "/api/v5/openapi.json", "/api/v5/nowhere"] {
             let r = request_with_headers(&s.addr, "GET", path, &headers, None).expect("request");
             assert_eq!(r.status, 401, "{headers:?} {path}: {}", r.body);
-            assert!(r.header("www-authenticate").is_some_and(|h| h.starts_with("Bearer")));
+            assert!(r
+                .header("www-authenticate")
+                .is_some_and(|h| h.starts_with("Bearer")));
             let v: Value = serde_json::from_str(&r.body).expect("json");
             assert_eq!(v["code"], "BAD_TOKEN");
             assert!(!r.body.contains("test-token"), "{}", r.body);
@@ -493,8 +544,14 @@ fn missing_or_wrong_token_is_401_bad_token_with_www_authenticate() {
     assert_eq!(st, 401);
     // The scheme is case-insensitive.
     let auth = format!("bearer {TOKEN}");
-    let r = request_with_headers(&s.addr, "GET", "/api/v5/streams", &[("Authorization", &auth)], None)
-        .expect("request");
+    let r = request_with_headers(
+        &s.addr,
+        "GET",
+        "/api/v5/streams",
+        &[("Authorization", &auth)],
+        None,
+    )
+    .expect("request");
     assert_eq!(r.status, 200);
 }
 
@@ -505,7 +562,11 @@ fn body_over_1_mib_is_413_json() {
         r#"{{"name":"a","topic_filter":"t","key_expression":"{}"}}"#,
         "x".repeat(2 << 20)
     );
-    assert_error(s.call("POST", "/api/v5/streams", Some(&big)), 413, "PAYLOAD_TOO_LARGE");
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some(&big)),
+        413,
+        "PAYLOAD_TOO_LARGE",
+    );
     // Still serving.
     let (st, _) = s.call("GET", "/api/v5/streams", None);
     assert_eq!(st, 200);
@@ -516,7 +577,8 @@ fn chunked_body_over_1_mib_is_413_json() {
     let s = Server::start();
     use std::io::{Read, Write};
     let mut c = std::net::TcpStream::connect(&s.addr).expect("connect");
-    c.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let head = format!(
         "POST /api/v5/streams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
          Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
@@ -524,7 +586,8 @@ fn chunked_body_over_1_mib_is_413_json() {
     let _ = c.write_all(head.as_bytes());
     let chunk = vec![b' '; 64 << 10];
     for _ in 0..40 {
-        if c.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).is_err()
+        if c.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+            .is_err()
             || c.write_all(&chunk).is_err()
             || c.write_all(b"\r\n").is_err()
         {
@@ -542,10 +605,22 @@ fn chunked_body_over_1_mib_is_413_json() {
 #[test]
 fn wrong_method_is_405_json_and_unknown_path_is_404_json() {
     let s = Server::start();
-    let msg = assert_error(s.call("PATCH", "/api/v5/streams", None), 405, "METHOD_NOT_ALLOWED");
+    let msg = assert_error(
+        s.call("PATCH", "/api/v5/streams", None),
+        405,
+        "METHOD_NOT_ALLOWED",
+    );
     assert!(msg.contains("PATCH"), "{msg}");
-    assert_error(s.call("POST", "/api/v5/stream/x", Some("{}")), 405, "METHOD_NOT_ALLOWED");
-    assert_error(s.call("DELETE", "/api/v5/stats", None), 405, "METHOD_NOT_ALLOWED");
+    assert_error(
+        s.call("POST", "/api/v5/stream/x", Some("{}")),
+        405,
+        "METHOD_NOT_ALLOWED",
+    );
+    assert_error(
+        s.call("DELETE", "/api/v5/stats", None),
+        405,
+        "METHOD_NOT_ALLOWED",
+    );
     let msg = assert_error(s.call("GET", "/api/v5/nowhere", None), 404, "NOT_FOUND");
     assert!(msg.contains("no endpoint"), "{msg}");
     assert_error(s.call("GET", "/", None), 404, "NOT_FOUND");
@@ -556,21 +631,28 @@ fn openapi_json_lists_every_route_and_only_those() {
     let s = Server::start();
     let (st, doc) = s.call("GET", "/api/v5/openapi.json", None);
     assert_eq!(st, 200);
-    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.0")));
+    assert!(doc["openapi"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("3.0")));
     let paths = doc["paths"].as_object().expect("paths");
     for (method, path) in ROUTES {
         let op = &paths[*path][method.to_ascii_lowercase()];
         assert!(op.is_object(), "{method} {path} is not documented");
         assert!(op["responses"]["401"].is_object(), "{method} {path}");
     }
-    let documented: usize = paths.values().map(|p| p.as_object().map_or(0, |o| o.len())).sum();
+    let documented: usize = paths
+        .values()
+        .map(|p| p.as_object().map_or(0, |o| o.len()))
+        .sum();
     assert_eq!(documented, ROUTES.len());
     assert!(paths["/api/v5/streams"]["post"]["responses"]["409"].is_object());
     assert!(paths["/api/v5/stream/{name}"]["delete"]["responses"]["204"].is_object());
     assert!(paths["/api/v5/streams/config"]["put"]["responses"]["200"].is_object());
-    assert!(paths["/api/v5/authorization/reload"]["post"]["responses"]["400"]["description"]
-        .as_str()
-        .is_some_and(|d| d.contains("RELOAD_FAILED")));
+    assert!(
+        paths["/api/v5/authorization/reload"]["post"]["responses"]["400"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("RELOAD_FAILED"))
+    );
 
     // ROUTES is what the router serves: every listed route answers (not a routing 404/405),
     // and every other method on those paths is 405.
@@ -586,7 +668,9 @@ fn openapi_json_lists_every_route_and_only_those() {
             if listed {
                 assert_ne!(st, 405, "{m} {path}: {v}");
                 let routing_404 = st == 404
-                    && v["message"].as_str().is_some_and(|t| t.starts_with("no endpoint"));
+                    && v["message"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("no endpoint"));
                 assert!(!routing_404, "{m} {path}: {v}");
             } else {
                 assert_eq!(st, 405, "{m} {path} answers but is not in ROUTES: {v}");
@@ -628,11 +712,18 @@ fn config_get_put_roundtrip_returns_200_with_the_new_settings() {
 fn invalid_config_is_400() {
     let s = Server::start();
     let msg = assert_error(
-        s.call("PUT", "/api/v5/streams/config", Some(r#"{"max_stream_count":0,"gc_interval":"10ms"}"#)),
+        s.call(
+            "PUT",
+            "/api/v5/streams/config",
+            Some(r#"{"max_stream_count":0,"gc_interval":"10ms"}"#),
+        ),
         400,
         "BAD_REQUEST",
     );
-    assert!(msg.contains("max_stream_count") && msg.contains("gc_interval"), "{msg}");
+    assert!(
+        msg.contains("max_stream_count") && msg.contains("gc_interval"),
+        "{msg}"
+    );
     assert_error(
         s.call("PUT", "/api/v5/streams/config", Some(r#"{"bogus":true}"#)),
         400,
@@ -670,8 +761,16 @@ fn message_streams_aliases_behave_like_the_main_paths() {
     assert_eq!(st, 200);
     let (st, _) = s.call("DELETE", "/api/v5/message_streams/streams/al", None);
     assert_eq!(st, 204);
-    assert_error(s.call("GET", "/api/v5/message_streams/streams/al", None), 404, "NOT_FOUND");
-    let (st, v) = s.call("PUT", "/api/v5/message_streams/config", Some(r#"{"max_stream_count":3}"#));
+    assert_error(
+        s.call("GET", "/api/v5/message_streams/streams/al", None),
+        404,
+        "NOT_FOUND",
+    );
+    let (st, v) = s.call(
+        "PUT",
+        "/api/v5/message_streams/config",
+        Some(r#"{"max_stream_count":3}"#),
+    );
     assert_eq!((st, v["max_stream_count"].clone()), (200, json!(3)));
     let (st, v) = s.call("GET", "/api/v5/message_streams/config", None);
     assert_eq!((st, v["max_stream_count"].clone()), (200, json!(3)));
@@ -684,7 +783,11 @@ fn authorization_reload_returns_the_summary_or_400_reload_failed() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["message"], "12 rules loaded");
     *lock(&s.fake.reload_error) = Some("acl.toml:3:7: unknown action \"pub\"".to_string());
-    let msg = assert_error(s.call("POST", "/api/v5/authorization/reload", None), 400, "RELOAD_FAILED");
+    let msg = assert_error(
+        s.call("POST", "/api/v5/authorization/reload", None),
+        400,
+        "RELOAD_FAILED",
+    );
     assert!(msg.contains("acl.toml:3:7"), "{msg}");
 }
 
@@ -702,7 +805,11 @@ fn slow_request_times_out_with_503() {
     let s = Server::start_with(RouterOptions {
         request_timeout: Duration::from_millis(200),
     });
-    assert_error(s.call("GET", "/api/v5/stream/slow", None), 503, "SERVICE_UNAVAILABLE");
+    assert_error(
+        s.call("GET", "/api/v5/stream/slow", None),
+        503,
+        "SERVICE_UNAVAILABLE",
+    );
     let (st, _) = s.call("GET", "/api/v5/streams", None);
     assert_eq!(st, 200);
 }
@@ -724,7 +831,13 @@ fn empty_router_token_refuses_every_request() {
         let _ = rx.await;
     }));
     let r = std::thread::spawn(move || {
-        request_with_headers(&addr, "GET", "/api/v5/streams", &[("Authorization", "Bearer ")], None)
+        request_with_headers(
+            &addr,
+            "GET",
+            "/api/v5/streams",
+            &[("Authorization", "Bearer ")],
+            None,
+        )
     });
     let r = rt
         .block_on(async {
