@@ -624,6 +624,21 @@ fn wrong_method_is_405_json_and_unknown_path_is_404_json() {
     let msg = assert_error(s.call("GET", "/api/v5/nowhere", None), 404, "NOT_FOUND");
     assert!(msg.contains("no endpoint"), "{msg}");
     assert_error(s.call("GET", "/", None), 404, "NOT_FOUND");
+    let auth = format!("Bearer {TOKEN}");
+    let r = request_with_headers(
+        &s.addr,
+        "PATCH",
+        "/api/v5/stream/x",
+        &[("Authorization", &auth)],
+        None,
+    )
+    .expect("request");
+    assert_eq!(r.status, 405);
+    let allow = r.header("allow").unwrap_or("");
+    assert!(
+        allow.contains("GET") && allow.contains("PUT") && allow.contains("DELETE"),
+        "{allow:?}"
+    );
 }
 
 #[test]
