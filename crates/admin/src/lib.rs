@@ -1,1 +1,21 @@
-//! REST admin API (placeholder).
+//! The lanemq REST admin API (`/api/v5`, EMQX-compatible paths) for named streams, the global
+//! stream settings, authorization reload and broker statistics, plus a minimal blocking
+//! HTTP/1.1 [`client`] used by the `lanemq streams ...` command line and by tests.
+//!
+//! - [`AdminBackend`]: what the API needs from the broker (the registry lives elsewhere);
+//! - [`router`]: the axum router (bearer-token authentication, JSON errors, body limit,
+//!   request timeout, debug request log);
+//! - [`serve`]: runs a router on a listener until a shutdown future completes;
+//! - [`load_or_create_token`]: the API token (configured, or `<data_dir>/admin.token`);
+//! - [`openapi`]: the OpenAPI 3.0 description served at `GET /api/v5/openapi.json`.
+
+mod api;
+pub mod client;
+pub mod openapi;
+mod token;
+
+pub use api::{
+    router, router_with, serve, AdminBackend, RouterOptions, API_PREFIX, BODY_LIMIT,
+    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, REQUEST_TIMEOUT, ROUTES,
+};
+pub use token::{load_or_create_token, TOKEN_FILE};

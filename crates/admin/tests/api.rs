@@ -1,0 +1,871 @@
+//! The admin API over real HTTP: a fake in-memory backend, the router served on 127.0.0.1:0,
+//! driven with the crate's own blocking client.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lanemq_admin::client::{request, request_with_headers};
+use lanemq_admin::{router_with, serve, AdminBackend, RouterOptions, ROUTES};
+use lanemq_streams::{GlobalSettings, StreamDef, StreamError, StreamInfo, StreamStats};
+use serde_json::{json, Value};
+
+const TOKEN: &str = "test-token-0123456789";
+
+#[derive(Default)]
+struct Fake {
+    streams: Mutex<BTreeMap<String, StreamInfo>>,
+    settings: Mutex<GlobalSettings>,
+    reload_error: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn invalid_or_ok(def: &StreamDef) -> Result<(), StreamError> {
+    let errs = def.validate();
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(StreamError::Invalid(errs))
+    }
+}
+
+impl AdminBackend for Fake {
+    fn list_streams(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<StreamInfo>, bool), StreamError> {
+        let m = lock(&self.streams);
+        let lower = match after {
+            Some(a) => Bound::Excluded(a.to_string()),
+            None => Bound::Unbounded,
+        };
+        let mut page: Vec<StreamInfo> = m
+            .range((lower, Bound::Unbounded))
+            .take(limit + 1)
+            .map(|(_, v)| v.clone())
+            .collect();
+        let more = page.len() > limit;
+        page.truncate(limit);
+        Ok((page, more))
+    }
+
+    fn get_stream(&self, name: &str) -> Result<StreamInfo, StreamError> {
+        if name == "slow" {
+            std::thread::sleep(Duration::from_millis(1500));
+        }
+        lock(&self.streams)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StreamError::NotFound(name.to_string()))
+    }
+
+    fn create_stream(&self, def: StreamDef) -> Result<StreamInfo, StreamError> {
+        invalid_or_ok(&def)?;
+        let settings = lock(&self.settings).clone();
+        if !settings.enable {
+            return Err(StreamError::Disabled);
+        }
+        let mut m = lock(&self.streams);
+        if m.contains_key(&def.name) {
+            return Err(StreamError::AlreadyExists(def.name));
+        }
+        if m.len() >= settings.max_stream_count as usize {
+            return Err(StreamError::MaxStreamCount(settings.max_stream_count));
+        }
+        let info = StreamInfo {
+            def: def.clone(),
+            created_at_us: 1_700_000_000_000_000 + m.len() as u64,
+            stats: StreamStats::default(),
+        };
+        m.insert(def.name, info.clone());
+        Ok(info)
+    }
+
+    fn update_stream(&self, name: &str, def: StreamDef) -> Result<StreamInfo, StreamError> {
+        invalid_or_ok(&def)?;
+        let mut m = lock(&self.streams);
+        let cur = m
+            .get_mut(name)
+            .ok_or_else(|| StreamError::NotFound(name.to_string()))?;
+        if cur.def.topic_filter != def.topic_filter {
+            return Err(StreamError::Immutable("topic_filter"));
+        }
+        if cur.def.is_lastvalue != def.is_lastvalue {
+            return Err(StreamError::Immutable("is_lastvalue"));
+        }
+        cur.def = def;
+        Ok(cur.clone())
+    }
+
+    fn delete_stream(&self, name: &str) -> Result<(), StreamError> {
+        lock(&self.streams)
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| StreamError::NotFound(name.to_string()))
+    }
+
+    fn get_settings(&self) -> GlobalSettings {
+        lock(&self.settings).clone()
+    }
+
+    fn put_settings(&self, s: GlobalSettings) -> Result<GlobalSettings, StreamError> {
+        let errs = s.validate();
+        if !errs.is_empty() {
+            return Err(StreamError::Invalid(errs));
+        }
+        *lock(&self.settings) = s.clone();
+        Ok(s)
+    }
+
+    fn reload_authorization(&self) -> Result<String, String> {
+        match lock(&self.reload_error).clone() {
+            Some(e) => Err(e),
+            None => Ok("12 rules loaded".to_string()),
+        }
+    }
+
+    fn stats(&self) -> Value {
+        json!({ "connections": 3, "streams": lock(&self.streams).len() })
+    }
+}
+
+/// The router served on a background runtime; shut down on drop.
+struct Server {
+    addr: String,
+    fake: Arc<Fake>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Server {
+    fn start() -> Server {
+        Server::start_with(RouterOptions::default())
+    }
+
+    fn start_with(opts: RouterOptions) -> Server {
+        let fake = Arc::new(Fake::default());
+        let backend: Arc<dyn AdminBackend> = fake.clone();
+        let router = router_with(backend, TOKEN.to_string(), opts);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                let _ = addr_tx.send(listener.local_addr()?.to_string());
+                serve(listener, router, async move {
+                    let _ = rx.await;
+                })
+                .await
+            })
+        });
+        let addr = addr_rx.recv().expect("server address");
+        Server {
+            addr,
+            fake,
+            stop: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let (status, text) =
+            request(&self.addr, TOKEN, method, path, body).expect("request succeeds");
+        let v = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+        };
+        (status, v)
+    }
+
+    fn create(&self, name: &str, filter: &str) {
+        let body = json!({ "name": name, "topic_filter": filter }).to_string();
+        let (s, v) = self.call("POST", "/api/v5/streams", Some(&body));
+        assert_eq!(s, 200, "{v}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn assert_error(got: (u16, Value), status: u16, code: &str) -> String {
+    assert_eq!(got.0, status, "{}", got.1);
+    assert_eq!(got.1["code"], code, "{}", got.1);
+    got.1["message"].as_str().expect("message").to_string()
+}
+
+#[test]
+fn create_returns_200_with_the_stream_and_defaults() {
+    let s = Server::start();
+    let (st, v) = s.call(
+        "POST",
+        "/api/v5/streams",
+        Some(r#"{"name":"events","topic_filter":"t/#","limits":{"max_message_count":10}}"#),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["name"], "events");
+    assert_eq!(v["topic_filter"], "t/#");
+    assert_eq!(v["key_expression"], "message.from");
+    assert_eq!(v["data_retention_period"], "7d");
+    assert_eq!(v["read_max_unacked"], 1000);
+    assert_eq!(v["limits"]["max_message_count"], 10);
+    assert_eq!(v["limits"]["max_message_bytes"], "infinity");
+    assert_eq!(v["stats"]["message_count"], 0);
+    assert!(v["created_at_us"].is_u64());
+}
+
+#[test]
+fn get_returns_the_stream_and_404_when_unknown() {
+    let s = Server::start();
+    s.create("a.b-c_d", "x/+/y");
+    let (st, v) = s.call("GET", "/api/v5/stream/a.b-c_d", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["topic_filter"], "x/+/y");
+    let msg = assert_error(s.call("GET", "/api/v5/stream/nope", None), 404, "NOT_FOUND");
+    assert!(msg.contains("nope"), "{msg}");
+}
+
+#[test]
+fn duplicate_create_is_409_already_exists() {
+    let s = Server::start();
+    s.create("dup", "t");
+    let body = r#"{"name":"dup","topic_filter":"u"}"#;
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some(body)),
+        409,
+        "ALREADY_EXISTS",
+    );
+}
+
+#[test]
+fn list_paginates_250_streams_with_a_cursor() {
+    let s = Server::start();
+    for i in 0..250 {
+        s.create(&format!("s{i:03}"), &format!("t/{i}"));
+    }
+    let mut names = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/v5/streams?limit=100&cursor={c}"),
+            None => "/api/v5/streams?limit=100".to_string(),
+        };
+        let (st, v) = s.call("GET", &path, None);
+        assert_eq!(st, 200, "{v}");
+        pages += 1;
+        let data = v["data"].as_array().expect("data");
+        names.extend(
+            data.iter()
+                .map(|d| d["name"].as_str().expect("name").to_string()),
+        );
+        assert_eq!(v["meta"]["limit"], 100);
+        if v["meta"]["hasnext"] == json!(true) {
+            assert_eq!(data.len(), 100);
+            let c = v["meta"]["cursor"].as_str().expect("cursor").to_string();
+            assert_eq!(Some(&c), names.last());
+            cursor = Some(c);
+        } else {
+            assert_eq!(v["meta"]["hasnext"], json!(false));
+            assert!(v["meta"].get("cursor").is_none(), "{v}");
+            assert_eq!(data.len(), 50);
+            break;
+        }
+    }
+    assert_eq!(pages, 3);
+    let expected: Vec<String> = (0..250).map(|i| format!("s{i:03}")).collect();
+    assert_eq!(names, expected);
+}
+
+#[test]
+fn list_defaults_to_100_and_rejects_out_of_range_limits() {
+    let s = Server::start();
+    s.create("one", "t");
+    let (st, v) = s.call("GET", "/api/v5/streams", None);
+    assert_eq!(st, 200);
+    assert_eq!(v["meta"]["limit"], 100);
+    assert_eq!(v["meta"]["hasnext"], false);
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(1));
+    for bad in ["0", "10001", "-1", "abc"] {
+        let path = format!("/api/v5/streams?limit={bad}");
+        assert_error(s.call("GET", &path, None), 400, "BAD_REQUEST");
+    }
+    let (st, _) = s.call("GET", "/api/v5/streams?limit=10000", None);
+    assert_eq!(st, 200);
+}
+
+#[test]
+fn update_replaces_the_definition_and_keeps_the_filter_fixed() {
+    let s = Server::start();
+    s.create("u", "t/#");
+    let (st, v) = s.call(
+        "PUT",
+        "/api/v5/stream/u",
+        Some(r#"{"name":"u","topic_filter":"t/#","read_max_unacked":5,"data_retention_period":"1h"}"#),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["read_max_unacked"], 5);
+    assert_eq!(v["data_retention_period"], "1h");
+    let (_, v) = s.call("GET", "/api/v5/stream/u", None);
+    assert_eq!(v["read_max_unacked"], 5);
+
+    let msg = assert_error(
+        s.call(
+            "PUT",
+            "/api/v5/stream/u",
+            Some(r#"{"topic_filter":"other"}"#),
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert!(msg.contains("topic_filter"), "{msg}");
+}
+
+#[test]
+fn update_without_a_name_uses_the_path_name() {
+    let s = Server::start();
+    s.create("n", "t");
+    let (st, v) = s.call(
+        "PUT",
+        "/api/v5/stream/n",
+        Some(r#"{"topic_filter":"t","key_expression":"message.topic"}"#),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["name"], "n");
+    assert_eq!(v["key_expression"], "message.topic");
+}
+
+#[test]
+fn update_with_a_different_body_name_is_400() {
+    let s = Server::start();
+    s.create("n", "t");
+    let msg = assert_error(
+        s.call(
+            "PUT",
+            "/api/v5/stream/n",
+            Some(r#"{"name":"m","topic_filter":"t"}"#),
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert!(msg.contains("name"), "{msg}");
+    assert_error(
+        s.call("PUT", "/api/v5/stream/n", Some(r#"[1,2]"#)),
+        400,
+        "BAD_REQUEST",
+    );
+}
+
+#[test]
+fn update_of_an_unknown_stream_is_404() {
+    let s = Server::start();
+    assert_error(
+        s.call(
+            "PUT",
+            "/api/v5/stream/ghost",
+            Some(r#"{"topic_filter":"t"}"#),
+        ),
+        404,
+        "NOT_FOUND",
+    );
+}
+
+#[test]
+fn delete_is_204_then_404() {
+    let s = Server::start();
+    s.create("d", "t");
+    let (st, v) = s.call("DELETE", "/api/v5/stream/d", None);
+    assert_eq!((st, v), (204, Value::Null));
+    assert_error(s.call("GET", "/api/v5/stream/d", None), 404, "NOT_FOUND");
+    assert_error(s.call("DELETE", "/api/v5/stream/d", None), 404, "NOT_FOUND");
+}
+
+#[test]
+fn bad_name_and_bad_filter_are_400_with_every_reason() {
+    let s = Server::start();
+    let msg = assert_error(
+        s.call(
+            "POST",
+            "/api/v5/streams",
+            Some(r#"{"name":"-bad","topic_filter":"a/#/b"}"#),
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert!(msg.contains("name:"), "{msg}");
+    assert!(msg.contains("topic_filter:"), "{msg}");
+    let msg = assert_error(
+        s.call(
+            "POST",
+            "/api/v5/streams",
+            Some(r#"{"name":"ok","topic_filter":"$share/g/t"}"#),
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert!(msg.contains("topic_filter"), "{msg}");
+    assert!(lock(&s.fake.streams).is_empty());
+}
+
+#[test]
+fn unknown_field_is_400_naming_it() {
+    let s = Server::start();
+    let msg = assert_error(
+        s.call(
+            "POST",
+            "/api/v5/streams",
+            Some(r#"{"name":"a","topic_filter":"t","colour":"red"}"#),
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert!(msg.contains("colour"), "{msg}");
+}
+
+#[test]
+fn malformed_json_is_400_json_error() {
+    let s = Server::start();
+    let msg = assert_error(
+        s.call("POST", "/api/v5/streams", Some(r#"{"name":"a","#)),
+        400,
+        "BAD_REQUEST",
+    );
+    assert!(msg.contains("line 1"), "{msg}");
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some("")),
+        400,
+        "BAD_REQUEST",
+    );
+}
+
+#[test]
+fn wrong_types_are_400() {
+    let s = Server::start();
+    for body in [
+        r#"{"name":1,"topic_filter":"t"}"#,
+        r#"{"name":"a","topic_filter":"t","is_lastvalue":"yes"}"#,
+        r#"{"name":"a","topic_filter":"t","read_max_unacked":-3}"#,
+        r#"{"name":"a","topic_filter":"t","data_retention_period":"soon"}"#,
+        r#"{"name":"a"}"#,
+    ] {
+        assert_error(
+            s.call("POST", "/api/v5/streams", Some(body)),
+            400,
+            "BAD_REQUEST",
+        );
+    }
+}
+
+#[test]
+fn missing_content_type_is_400_json() {
+    let s = Server::start();
+    let auth = format!("Bearer {TOKEN}");
+    let r = request_with_headers(
+        &s.addr,
+        "POST",
+        "/api/v5/streams",
+        &[("Authorization", &auth)],
+        Some(br#"{"name":"a","topic_filter":"t"}"#),
+    )
+    .expect("request");
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).expect("json");
+    assert_eq!(v["code"], "BAD_REQUEST");
+    assert!(r
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("application/json")));
+}
+
+#[test]
+fn max_stream_count_is_400_max_stream_count_reached() {
+    let s = Server::start();
+    lock(&s.fake.settings).max_stream_count = 2;
+    s.create("a", "t");
+    s.create("b", "t");
+    let body = r#"{"name":"c","topic_filter":"t"}"#;
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some(body)),
+        400,
+        "MAX_STREAM_COUNT_REACHED",
+    );
+}
+
+#[test]
+fn disabled_streams_are_503() {
+    let s = Server::start();
+    lock(&s.fake.settings).enable = false;
+    let body = r#"{"name":"c","topic_filter":"t"}"#;
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some(body)),
+        503,
+        "SERVICE_UNAVAILABLE",
+    );
+}
+
+#[test]
+fn missing_or_wrong_token_is_401_bad_token_with_www_authenticate() {
+    let s = Server::start();
+    for headers in [
+        vec![],
+        vec![("Authorization", "Bearer wrong")],
+        vec![("Authorization", "Bearer test-token-012345678")],
+        vec![("Authorization", "Basic dGVzdDp0ZXN0")],
+        vec![("Authorization", "Bearer")],
+    ] {
+        for path in ["/api/v5/streams", "/api/v5/openapi.json", "/api/v5/nowhere"] {
+            let r = request_with_headers(&s.addr, "GET", path, &headers, None).expect("request");
+            assert_eq!(r.status, 401, "{headers:?} {path}: {}", r.body);
+            assert!(r
+                .header("www-authenticate")
+                .is_some_and(|h| h.starts_with("Bearer")));
+            let v: Value = serde_json::from_str(&r.body).expect("json");
+            assert_eq!(v["code"], "BAD_TOKEN");
+            assert!(!r.body.contains("test-token"), "{}", r.body);
+        }
+    }
+    let (st, _) = request(&s.addr, "wrong", "GET", "/api/v5/streams", None).expect("request");
+    assert_eq!(st, 401);
+    // The scheme is case-insensitive.
+    let auth = format!("bearer {TOKEN}");
+    let r = request_with_headers(
+        &s.addr,
+        "GET",
+        "/api/v5/streams",
+        &[("Authorization", &auth)],
+        None,
+    )
+    .expect("request");
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn body_over_1_mib_is_413_json() {
+    let s = Server::start();
+    let big = format!(
+        r#"{{"name":"a","topic_filter":"t","key_expression":"{}"}}"#,
+        "x".repeat(2 << 20)
+    );
+    assert_error(
+        s.call("POST", "/api/v5/streams", Some(&big)),
+        413,
+        "PAYLOAD_TOO_LARGE",
+    );
+    // Still serving.
+    let (st, _) = s.call("GET", "/api/v5/streams", None);
+    assert_eq!(st, 200);
+}
+
+#[test]
+fn chunked_body_over_1_mib_is_413_json() {
+    let s = Server::start();
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(&s.addr).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let head = format!(
+        "POST /api/v5/streams HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    );
+    let _ = c.write_all(head.as_bytes());
+    let chunk = vec![b' '; 64 << 10];
+    for _ in 0..40 {
+        if c.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+            .is_err()
+            || c.write_all(&chunk).is_err()
+            || c.write_all(b"\r\n").is_err()
+        {
+            break;
+        }
+    }
+    let _ = c.write_all(b"0\r\n\r\n");
+    let mut resp = Vec::new();
+    let _ = c.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("PAYLOAD_TOO_LARGE"), "{text}");
+}
+
+#[test]
+fn wrong_method_is_405_json_and_unknown_path_is_404_json() {
+    let s = Server::start();
+    let msg = assert_error(
+        s.call("PATCH", "/api/v5/streams", None),
+        405,
+        "METHOD_NOT_ALLOWED",
+    );
+    assert!(msg.contains("PATCH"), "{msg}");
+    assert_error(
+        s.call("POST", "/api/v5/stream/x", Some("{}")),
+        405,
+        "METHOD_NOT_ALLOWED",
+    );
+    assert_error(
+        s.call("DELETE", "/api/v5/stats", None),
+        405,
+        "METHOD_NOT_ALLOWED",
+    );
+    let msg = assert_error(s.call("GET", "/api/v5/nowhere", None), 404, "NOT_FOUND");
+    assert!(msg.contains("no endpoint"), "{msg}");
+    assert_error(s.call("GET", "/", None), 404, "NOT_FOUND");
+    let auth = format!("Bearer {TOKEN}");
+    let r = request_with_headers(
+        &s.addr,
+        "PATCH",
+        "/api/v5/stream/x",
+        &[("Authorization", &auth)],
+        None,
+    )
+    .expect("request");
+    assert_eq!(r.status, 405);
+    let allow = r.header("allow").unwrap_or("");
+    assert!(
+        allow.contains("GET") && allow.contains("PUT") && allow.contains("DELETE"),
+        "{allow:?}"
+    );
+}
+
+#[test]
+fn openapi_json_lists_every_route_and_only_those() {
+    let s = Server::start();
+    let (st, doc) = s.call("GET", "/api/v5/openapi.json", None);
+    assert_eq!(st, 200);
+    assert!(doc["openapi"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("3.0")));
+    let paths = doc["paths"].as_object().expect("paths");
+    for (method, path) in ROUTES {
+        let op = &paths[*path][method.to_ascii_lowercase()];
+        assert!(op.is_object(), "{method} {path} is not documented");
+        assert!(op["responses"]["401"].is_object(), "{method} {path}");
+    }
+    let documented: usize = paths
+        .values()
+        .map(|p| p.as_object().map_or(0, |o| o.len()))
+        .sum();
+    assert_eq!(documented, ROUTES.len());
+    assert!(paths["/api/v5/streams"]["post"]["responses"]["409"].is_object());
+    assert!(paths["/api/v5/stream/{name}"]["delete"]["responses"]["204"].is_object());
+    assert!(paths["/api/v5/streams/config"]["put"]["responses"]["200"].is_object());
+    assert!(
+        paths["/api/v5/authorization/reload"]["post"]["responses"]["400"]["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("RELOAD_FAILED"))
+    );
+
+    // ROUTES is what the router serves: every listed route answers (not a routing 404/405),
+    // and every other method on those paths is 405.
+    s.create("probe", "t");
+    for (method, path) in ROUTES {
+        let path = path.replace("{name}", "probe");
+        for m in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
+            let body = matches!(m, "POST" | "PUT").then_some("{}");
+            let (st, v) = s.call(m, &path, body);
+            let listed = ROUTES
+                .iter()
+                .any(|(rm, rp)| *rm == m && rp.replace("{name}", "probe") == path);
+            if listed {
+                assert_ne!(st, 405, "{m} {path}: {v}");
+                let routing_404 = st == 404
+                    && v["message"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("no endpoint"));
+                assert!(!routing_404, "{m} {path}: {v}");
+            } else {
+                assert_eq!(st, 405, "{m} {path} answers but is not in ROUTES: {v}");
+            }
+        }
+        let _ = method;
+        // Recreate the probe if a DELETE removed it.
+        if lock(&s.fake.streams).get("probe").is_none() {
+            s.create("probe", "t");
+        }
+    }
+}
+
+#[test]
+fn config_get_put_roundtrip_returns_200_with_the_new_settings() {
+    let s = Server::start();
+    let (st, v) = s.call("GET", "/api/v5/streams/config", None);
+    assert_eq!(st, 200);
+    assert_eq!(v["enable"], true);
+    assert_eq!(v["max_stream_count"], 1000);
+    let body = json!({
+        "enable": true,
+        "max_stream_count": 7,
+        "gc_interval": "30m",
+        "auto_create": { "regular": true, "lastvalue": false }
+    })
+    .to_string();
+    let (st, put) = s.call("PUT", "/api/v5/streams/config", Some(&body));
+    assert_eq!(st, 200, "{put}");
+    assert_eq!(put["max_stream_count"], 7);
+    assert_eq!(put["gc_interval"], "30m");
+    assert_eq!(put["auto_create"]["lastvalue"], false);
+    let (_, got) = s.call("GET", "/api/v5/streams/config", None);
+    assert_eq!(got, put);
+    assert_eq!(lock(&s.fake.settings).max_stream_count, 7);
+}
+
+#[test]
+fn invalid_config_is_400() {
+    let s = Server::start();
+    let msg = assert_error(
+        s.call(
+            "PUT",
+            "/api/v5/streams/config",
+            Some(r#"{"max_stream_count":0,"gc_interval":"10ms"}"#),
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert!(
+        msg.contains("max_stream_count") && msg.contains("gc_interval"),
+        "{msg}"
+    );
+    assert_error(
+        s.call("PUT", "/api/v5/streams/config", Some(r#"{"bogus":true}"#)),
+        400,
+        "BAD_REQUEST",
+    );
+    assert_error(
+        s.call("PUT", "/api/v5/streams/config", Some(r#"{"enable":"no"}"#)),
+        400,
+        "BAD_REQUEST",
+    );
+    assert_eq!(lock(&s.fake.settings).max_stream_count, 1000);
+}
+
+#[test]
+fn message_streams_aliases_behave_like_the_main_paths() {
+    let s = Server::start();
+    let (st, v) = s.call(
+        "POST",
+        "/api/v5/message_streams/streams",
+        Some(r#"{"name":"al","topic_filter":"a/#"}"#),
+    );
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = s.call("GET", "/api/v5/message_streams/streams", None);
+    assert_eq!(st, 200);
+    assert_eq!(v["data"][0]["name"], "al");
+    let (st, v) = s.call("GET", "/api/v5/message_streams/streams/al", None);
+    assert_eq!((st, v["topic_filter"].clone()), (200, json!("a/#")));
+    let (st, v) = s.call(
+        "PUT",
+        "/api/v5/message_streams/streams/al",
+        Some(r#"{"topic_filter":"a/#","read_max_unacked":9}"#),
+    );
+    assert_eq!((st, v["read_max_unacked"].clone()), (200, json!(9)));
+    let (st, _) = s.call("GET", "/api/v5/stream/al", None);
+    assert_eq!(st, 200);
+    let (st, _) = s.call("DELETE", "/api/v5/message_streams/streams/al", None);
+    assert_eq!(st, 204);
+    assert_error(
+        s.call("GET", "/api/v5/message_streams/streams/al", None),
+        404,
+        "NOT_FOUND",
+    );
+    let (st, v) = s.call(
+        "PUT",
+        "/api/v5/message_streams/config",
+        Some(r#"{"max_stream_count":3}"#),
+    );
+    assert_eq!((st, v["max_stream_count"].clone()), (200, json!(3)));
+    let (st, v) = s.call("GET", "/api/v5/message_streams/config", None);
+    assert_eq!((st, v["max_stream_count"].clone()), (200, json!(3)));
+}
+
+#[test]
+fn authorization_reload_returns_the_summary_or_400_reload_failed() {
+    let s = Server::start();
+    let (st, v) = s.call("POST", "/api/v5/authorization/reload", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["message"], "12 rules loaded");
+    *lock(&s.fake.reload_error) = Some("acl.toml:3:7: unknown action \"pub\"".to_string());
+    let msg = assert_error(
+        s.call("POST", "/api/v5/authorization/reload", None),
+        400,
+        "RELOAD_FAILED",
+    );
+    assert!(msg.contains("acl.toml:3:7"), "{msg}");
+}
+
+#[test]
+fn stats_returns_the_backend_json() {
+    let s = Server::start();
+    s.create("x", "t");
+    let (st, v) = s.call("GET", "/api/v5/stats", None);
+    assert_eq!(st, 200);
+    assert_eq!(v, json!({ "connections": 3, "streams": 1 }));
+}
+
+#[test]
+fn slow_request_times_out_with_503() {
+    let s = Server::start_with(RouterOptions {
+        request_timeout: Duration::from_millis(200),
+    });
+    assert_error(
+        s.call("GET", "/api/v5/stream/slow", None),
+        503,
+        "SERVICE_UNAVAILABLE",
+    );
+    let (st, _) = s.call("GET", "/api/v5/streams", None);
+    assert_eq!(st, 200);
+}
+
+#[test]
+fn empty_router_token_refuses_every_request() {
+    let fake: Arc<dyn AdminBackend> = Arc::new(Fake::default());
+    let router = lanemq_admin::router(fake, String::new());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(serve(listener, router, async move {
+        let _ = rx.await;
+    }));
+    let r = std::thread::spawn(move || {
+        request_with_headers(
+            &addr,
+            "GET",
+            "/api/v5/streams",
+            &[("Authorization", "Bearer ")],
+            None,
+        )
+    });
+    let r = rt
+        .block_on(async {
+            loop {
+                if r.is_finished() {
+                    break r.join();
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .expect("client thread")
+        .expect("request");
+    assert_eq!(r.status, 401);
+    let _ = tx.send(());
+    rt.block_on(server).expect("join").expect("serve");
+}
