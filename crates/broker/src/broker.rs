@@ -41,6 +41,8 @@ pub struct Broker {
     pub persist: Arc<Persist>,
     /// Password file and ACL, swapped as a whole on reload.
     auth: RwLock<Arc<Auth>>,
+    /// Named streams: the registry and the index over the log.
+    pub streams: Arc<lanemq_streams::engine::Engine>,
 }
 
 /// Authentication and authorization in force.
@@ -75,7 +77,12 @@ pub struct Ingested {
 }
 
 impl Broker {
-    pub fn new(config: Config, persist: Arc<Persist>, auth: Auth) -> Arc<Broker> {
+    pub fn new(
+        config: Config,
+        persist: Arc<Persist>,
+        auth: Auth,
+        streams: Arc<lanemq_streams::engine::Engine>,
+    ) -> Arc<Broker> {
         let (shutdown_tx, _) = watch::channel(false);
         Arc::new(Broker {
             config,
@@ -88,6 +95,7 @@ impl Broker {
             next_client_seq: AtomicU64::new(1),
             persist,
             auth: RwLock::new(Arc::new(auth)),
+            streams,
         })
     }
 
@@ -196,6 +204,9 @@ impl Broker {
             st.ended = true;
             st.wake();
             let subs: Vec<String> = st.subscriptions.drain().map(|(f, _)| f).collect();
+            for (_, s) in st.stream_subs.drain() {
+                s.end();
+            }
             (subs, st.drain_pending())
         };
         {
@@ -329,6 +340,7 @@ impl Broker {
                 sub_ids: t.sub_ids,
                 share: t.share,
                 seq: 0,
+                stream: None,
             };
             effects |= stored && d.qos != QoS::AtMostOnce;
             if self.push(&t.session, d) == PushOutcome::Congested {
@@ -564,6 +576,7 @@ impl Broker {
                         sub_ids: Vec::new(),
                         share: None,
                         seq,
+                        stream: None,
                     };
                     match inflight.get(&seq) {
                         Some(&(pid, stage)) => {
@@ -592,6 +605,12 @@ impl Broker {
                     }
                 }
                 st.replay_offsets = Some(seen);
+                for (filter, s) in p.load_stream_subs(&client)? {
+                    st.stream_subs.insert(
+                        filter.clone(),
+                        crate::streams::StreamSub::restored(filter, s),
+                    );
+                }
             }
             // Subscriptions go into the router (lock order: router after the session lock
             // was released).

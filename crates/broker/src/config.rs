@@ -18,6 +18,35 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     pub mqtt: MqttConfig,
     pub storage: StorageConfig,
+    /// Global settings of named streams (`GET/PUT /api/v5/streams/config` at run time).
+    pub streams_config: lanemq_streams::GlobalSettings,
+    /// Streams declared in the file (`[[streams]]`): created at start if missing, updated if
+    /// their mutable fields differ. Streams created through the REST API live alongside.
+    pub streams: Vec<lanemq_streams::StreamDef>,
+    /// The REST admin API.
+    pub admin: AdminConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Serve the REST admin API.
+    pub enable: bool,
+    /// Listen address (loopback by default: the API can create and delete streams).
+    pub bind: SocketAddr,
+    /// Bearer token. Unset: a random token is generated at first start and kept in
+    /// `<data_dir>/admin.token` (mode 0600).
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            enable: true,
+            bind: SocketAddr::from(([127, 0, 0, 1], 18083)),
+            token: None,
+        }
+    }
 }
 
 impl Default for Config {
@@ -27,6 +56,9 @@ impl Default for Config {
             listeners: vec![ListenerConfig::default()],
             mqtt: MqttConfig::default(),
             storage: StorageConfig::default(),
+            streams_config: lanemq_streams::GlobalSettings::default(),
+            streams: Vec::new(),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -342,6 +374,34 @@ impl Config {
         }
         if st.retention_interval_s == 0 {
             errors.push("storage.retention_interval_s: must be at least 1".to_string());
+        }
+        for e in self.streams_config.validate() {
+            errors.push(format!("streams_config.{e}"));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, s) in self.streams.iter().enumerate() {
+            for e in s.validate() {
+                errors.push(format!("streams[{i}] ({:?}).{e}", s.name));
+            }
+            if !names.insert(s.name.as_str()) {
+                errors.push(format!("streams[{i}]: stream {:?} is declared twice", s.name));
+            }
+        }
+        if self.streams.len() > self.streams_config.max_stream_count as usize {
+            errors.push(format!(
+                "streams: {} streams declared, streams_config.max_stream_count is {}",
+                self.streams.len(),
+                self.streams_config.max_stream_count
+            ));
+        }
+        if self.admin.enable && self.listeners.iter().any(|l| l.bind == self.admin.bind) {
+            errors.push(format!(
+                "admin.bind: {} is also an MQTT listener",
+                self.admin.bind
+            ));
+        }
+        if self.admin.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            errors.push("admin.token: must not be empty (remove it to generate one)".to_string());
         }
         if errors.is_empty() {
             Ok(())

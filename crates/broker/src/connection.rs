@@ -14,6 +14,7 @@ use crate::message::{Delivery, Message};
 use crate::persist::{Op, SessionMeta};
 use crate::router::Subscriber;
 use crate::session::{Inflight, InflightStage, Kick, Session, Subscription};
+use crate::streams::StreamSub;
 use bytes::BytesMut;
 use lanemq_acl::{Action, Request};
 use lanemq_protocol::reason as rc;
@@ -297,6 +298,8 @@ struct Conn {
     /// Bytes written to the socket so far.
     abs_written: u64,
     peer: SocketAddr,
+    /// Feeder task of each stream subscription, by full filter.
+    feeders: HashMap<String, tokio::task::JoinHandle<()>>,
 }
 
 impl Conn {
@@ -543,9 +546,15 @@ impl Conn {
             barriers: VecDeque::new(),
             abs_written: 0,
             peer,
+            feeders: HashMap::new(),
         };
         if resumed {
             conn.resend_inflight();
+            let subs: Vec<Arc<StreamSub>> =
+                conn.session.lock().stream_subs.values().cloned().collect();
+            for sub in subs {
+                conn.start_feeder(sub);
+            }
         }
         broker
             .stats
@@ -677,6 +686,9 @@ impl Conn {
             let Some(d) = st.pop_queue() else { break };
             if d.msg.is_expired(now) {
                 self.forget_delivery(d.seq, None);
+                if let Some(t) = &d.stream {
+                    t.done();
+                }
                 continue;
             }
             let pid = if d.qos == QoS::AtMostOnce {
@@ -699,6 +711,9 @@ impl Conn {
                 }
                 st.pids_in_use.remove(&pid);
                 self.forget_delivery(d.seq, None);
+                if let Some(t) = &d.stream {
+                    t.done();
+                }
                 dropped += 1;
                 continue;
             }
@@ -718,6 +733,9 @@ impl Conn {
             }
             encode(&packet, self.version, &mut self.wbuf);
             sent += 1;
+            if let (Some(t), QoS::AtMostOnce) = (&d.stream, d.qos) {
+                t.done();
+            }
             if d.qos != QoS::AtMostOnce {
                 let stage = if d.qos == QoS::AtLeastOnce {
                     InflightStage::PubAck
@@ -1186,6 +1204,7 @@ impl Conn {
             return Ok(());
         }
         let ok = self.completions.ok.load(Ordering::Acquire);
+        let mut durable = false;
         while let Some(front) = self.pending.front() {
             if front.counted {
                 if self.completed >= ok {
@@ -1202,6 +1221,7 @@ impl Conn {
             let mut code = e.code;
             if let Some(msg) = e.msg {
                 let offset = msg.offset;
+                durable = true;
                 code = self.deliver(msg, None);
                 if let (Owed::PubRec(pid), true) = (e.ack, self.persistent()) {
                     self.broker.persist.submit(Op::InboundAdd {
@@ -1212,6 +1232,10 @@ impl Conn {
                 }
             }
             self.send_ack(e.ack, code);
+        }
+        if durable {
+            // New records are committed: the stream indexer picks them up now.
+            self.broker.streams.poke();
         }
         let low = self
             .pending
@@ -1236,6 +1260,9 @@ impl Conn {
     fn forget(&self, done: Option<&Inflight>) {
         if let Some(e) = done {
             self.forget_delivery(e.delivery.seq, Some(e.packet_id));
+            if let Some(t) = &e.delivery.stream {
+                t.done();
+            }
         }
     }
 
@@ -1279,10 +1306,12 @@ impl Conn {
 
     fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
         let v5 = self.version.is_v5();
-        let cfg = &self.broker.config.mqtt;
+        let broker = self.broker.clone();
+        let cfg = &broker.config.mqtt;
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut retained: Vec<Delivery> = Vec::new();
         let mut sub_ticket = None;
+        let mut reasons: Vec<String> = Vec::new();
         for f in &s.filters {
             let (group, inner) = match topic::parse_shared(&f.filter) {
                 Ok(Some(sh)) => (Some(sh.group), sh.filter),
@@ -1314,6 +1343,30 @@ impl Conn {
                 } else {
                     rc::UNSPECIFIED_ERROR
                 });
+                continue;
+            }
+            if lanemq_streams::subscribe::is_stream_filter(inner) {
+                let code = if group.is_some() {
+                    reasons.push(format!("{}: stream subscriptions cannot be shared", f.filter));
+                    if v5 {
+                        rc::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+                    } else {
+                        rc::UNSPECIFIED_ERROR
+                    }
+                } else {
+                    let (code, t) = self.subscribe_stream(
+                        &f.filter,
+                        f.options,
+                        s.properties.subscription_identifier,
+                        &s.properties.user_properties,
+                        &mut reasons,
+                    );
+                    if t.is_some() {
+                        sub_ticket = t;
+                    }
+                    code
+                };
+                codes.push(code);
                 continue;
             }
             let denied = cfg
@@ -1369,6 +1422,7 @@ impl Conn {
                         sub_ids: sub_id.into_iter().collect(),
                         share: None,
                         seq: 0,
+                        stream: None,
                     });
                 }
             }
@@ -1377,10 +1431,14 @@ impl Conn {
             // SUBACK once the subscription is durable.
             self.barrier(t);
         }
+        let mut properties = AckProperties::default();
+        if !reasons.is_empty() {
+            properties.reason_string = Some(reasons.join("; "));
+        }
         self.encode_ack(Packet::SubAck(SubAck {
             packet_id: s.packet_id,
             reason_codes: codes,
-            properties: Default::default(),
+            properties,
         }));
         for d in retained {
             self.session.push(d, Some(&self.broker.persist));
@@ -1391,6 +1449,22 @@ impl Conn {
     fn on_unsubscribe(&mut self, u: Unsubscribe) {
         let mut codes = Vec::with_capacity(u.filters.len());
         for f in &u.filters {
+            let stream_sub = self.session.lock().stream_subs.remove(f);
+            if let Some(sub) = stream_sub {
+                sub.end();
+                if let Some(j) = self.feeders.remove(f) {
+                    j.abort();
+                }
+                if self.persistent() {
+                    let t = self.broker.persist.submit(Op::StreamSubRemove {
+                        client: self.client_id.clone(),
+                        filter: f.clone(),
+                    });
+                    self.barrier(t);
+                }
+                codes.push(rc::SUCCESS);
+                continue;
+            }
             let had = self.session.lock().subscriptions.remove(f).is_some();
             if had {
                 self.broker.remove_subscription(&self.session, f);
@@ -1415,9 +1489,206 @@ impl Conn {
         }));
     }
 
+    fn start_feeder(&mut self, sub: Arc<StreamSub>) {
+        let filter = sub.filter.clone();
+        let j = crate::streams::spawn_feeder(
+            self.broker.clone(),
+            self.session.clone(),
+            sub,
+            self.generation,
+        );
+        if let Some(old) = self.feeders.insert(filter, j) {
+            old.abort();
+        }
+    }
+
+    /// SUBSCRIBE to `$stream/<name>[/<filter>]` or `$s/<offset>/<filter>` (already authorized
+    /// on the full filter). Returns the SUBACK code and the ticket of the persisted
+    /// subscription; failures add a reason to `reasons`.
+    fn subscribe_stream(
+        &mut self,
+        filter: &str,
+        mut options: lanemq_protocol::SubscriptionOptions,
+        sub_id: Option<u32>,
+        user_properties: &[(String, String)],
+        reasons: &mut Vec<String>,
+    ) -> (u8, Option<u64>) {
+        use lanemq_streams::subscribe::{offset_from_user_properties, parse_topic, StartFrom};
+        use lanemq_streams::{StreamDef, StreamError};
+        let v5 = self.version.is_v5();
+        let mut fail = |code: u8, why: String| {
+            reasons.push(format!("{filter}: {why}"));
+            (if v5 { code } else { rc::UNSPECIFIED_ERROR }, None)
+        };
+        if !v5 {
+            return fail(
+                rc::UNSPECIFIED_ERROR,
+                "stream subscriptions need MQTT 5".into(),
+            );
+        }
+        let engine = self.broker.streams.clone();
+        if !engine.is_enabled() {
+            return fail(
+                rc::IMPLEMENTATION_SPECIFIC_ERROR,
+                "streams are disabled (streams_config.enable = false)".into(),
+            );
+        }
+        let t = match parse_topic(filter) {
+            Ok(t) => t,
+            Err(e) => return fail(rc::TOPIC_FILTER_INVALID, e.0),
+        };
+        let start = match t.start {
+            Some(s) => s,
+            None => match offset_from_user_properties(user_properties) {
+                Ok(s) => s.unwrap_or(StartFrom::Latest),
+                Err(e) => return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, e.0),
+            },
+        };
+        let mut handle = engine.lookup(&t.name);
+        let mut pending_note = None;
+        match (&handle, &t.filter) {
+            (Some(h), Some(flt)) if h.topic_filter() != *flt => {
+                return fail(
+                    rc::IMPLEMENTATION_SPECIFIC_ERROR,
+                    format!(
+                        "stream_bound_to_different_topic_filter: stream {:?} captures {:?}",
+                        t.name,
+                        h.topic_filter()
+                    ),
+                );
+            }
+            (None, Some(flt)) => {
+                let settings = engine.settings();
+                let lastvalue = settings.auto_create.lastvalue.clone();
+                if lastvalue.is_none() && !settings.auto_create.regular {
+                    pending_note = Some(format!(
+                        "stream {:?} does not exist (auto-create is off); the subscription \
+                         starts when it is created",
+                        t.name
+                    ));
+                } else {
+                    // Auto-create: `create` on the stream and `subscribe` on its filter.
+                    if !self.allowed_auto_create(filter) {
+                        return fail(
+                            rc::NOT_AUTHORIZED,
+                            format!(
+                                "not authorized to create stream {:?} capturing {flt:?}",
+                                t.name
+                            ),
+                        );
+                    }
+                    let mut def = StreamDef::new(&t.name, flt);
+                    match lastvalue {
+                        Some(lv) => {
+                            def.is_lastvalue = true;
+                            def.key_expression = lv.key_expression;
+                        }
+                        None => def.data_retention_period = settings.regular_stream_retention_period,
+                    }
+                    let legacy = t.legacy;
+                    let e = engine.clone();
+                    let created = tokio::task::block_in_place(move || {
+                        if legacy {
+                            e.create_internal(def)
+                        } else {
+                            e.create(def)
+                        }
+                    });
+                    match created {
+                        Ok(_) | Err(StreamError::AlreadyExists(_)) => {
+                            handle = engine.lookup(&t.name);
+                            if let Some(h) = &handle {
+                                if h.topic_filter() != *flt {
+                                    return fail(
+                                        rc::IMPLEMENTATION_SPECIFIC_ERROR,
+                                        format!(
+                                            "stream_bound_to_different_topic_filter: stream \
+                                             {:?} captures {:?}",
+                                            t.name,
+                                            h.topic_filter()
+                                        ),
+                                    );
+                                }
+                            }
+                        }
+                        Err(e @ StreamError::MaxStreamCount(_)) => {
+                            return fail(rc::QUOTA_EXCEEDED, e.to_string())
+                        }
+                        Err(e @ StreamError::Invalid(_)) => {
+                            return fail(rc::TOPIC_FILTER_INVALID, e.to_string())
+                        }
+                        Err(e) => return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, e.to_string()),
+                    }
+                }
+            }
+            (None, None) => {
+                pending_note = Some(format!(
+                    "stream {:?} does not exist yet; the subscription starts when it is created",
+                    t.name
+                ));
+            }
+            _ => {}
+        }
+        let cfg = &self.broker.config.mqtt;
+        options.qos =
+            QoS::from_u8(options.qos.as_u8().min(cfg.maximum_qos)).unwrap_or(QoS::AtMostOnce);
+        let sub = StreamSub::new(filter.to_string(), t.name.clone(), options, sub_id, start);
+        if let Some(h) = &handle {
+            let e = engine.clone();
+            tokio::task::block_in_place(|| sub.bind_now(&e, h));
+        }
+        if let Some(note) = pending_note {
+            reasons.push(format!("{filter}: {note}"));
+        }
+        let old = self
+            .session
+            .lock()
+            .stream_subs
+            .insert(filter.to_string(), sub.clone());
+        if let Some(old) = old {
+            old.end();
+        }
+        let ticket = self.persistent().then(|| {
+            self.broker.persist.submit(Op::StreamSubPut {
+                client: self.client_id.clone(),
+                filter: filter.to_string(),
+                value: sub.stored().encode(),
+            })
+        });
+        self.start_feeder(sub);
+        (options.qos.as_u8(), ticket)
+    }
+
+    /// May this client auto-create the stream of `filter` (`create` on the stream name and
+    /// `subscribe` on the filter the new stream would capture)?
+    fn allowed_auto_create(&self, filter: &str) -> bool {
+        let auth = self.broker.auth();
+        let req = Request {
+            username: self.username.as_deref(),
+            client_id: &self.client_id,
+            ip: self.peer.ip(),
+            action: Action::Subscribe,
+            topic: filter,
+        };
+        let d = auth.acl.check_subscribe(&req, true);
+        if !d.allowed {
+            debug!(topic = filter, decision = %d, "ACL denied stream auto-create");
+        }
+        d.allowed
+    }
+
     /// Send the final DISCONNECT, flush, detach from the session, schedule its expiry and the
     /// will.
     async fn finish<W: AsyncWrite + Unpin>(mut self, close: Close, writer: &mut W) {
+        // Stream feeders belong to the connection; the positions stay with the session.
+        for (_, j) in self.feeders.drain() {
+            j.abort();
+        }
+        let stream_subs: Vec<Arc<StreamSub>> =
+            self.session.lock().stream_subs.values().cloned().collect();
+        for sub in &stream_subs {
+            crate::streams::save_position(&self.broker, &self.session, sub, true);
+        }
         // Messages already appended: wait (bounded) until durable, then deliver and ack them,
         // so nothing stored is left unrouted.
         let deadline = Instant::now() + Duration::from_millis(FLUSH_TIMEOUT_MS);

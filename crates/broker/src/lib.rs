@@ -12,6 +12,7 @@ pub mod message;
 pub mod persist;
 pub mod router;
 pub mod session;
+pub mod streams;
 pub mod sys;
 pub mod tls;
 pub mod ws;

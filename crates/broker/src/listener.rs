@@ -83,7 +83,30 @@ impl Server {
         })
         .await
         .map_err(|e| anyhow_lite::Error(e.to_string()))??;
-        let broker = Broker::new(config, persist, auth);
+        let streams = {
+            let p = persist.clone();
+            let settings = config.streams_config.clone();
+            let defs = config.streams.clone();
+            tokio::task::spawn_blocking(move || {
+                let r = lanemq_streams::engine::Engine::open(
+                    p.store.clone(),
+                    &p.index,
+                    settings,
+                    &defs,
+                );
+                if r.is_err() {
+                    p.close();
+                }
+                r
+            })
+            .await
+            .map_err(|e| anyhow_lite::Error(e.to_string()))?
+            .map_err(|e| anyhow_lite::Error(format!("cannot open the stream registry: {e}")))?
+        };
+        streams
+            .start()
+            .map_err(|e| anyhow_lite::Error(format!("cannot start the stream indexer: {e}")))?;
+        let broker = Broker::new(config, persist, auth, streams);
         let restored = {
             let b = broker.clone();
             tokio::task::spawn_blocking(move || {
@@ -107,6 +130,7 @@ impl Server {
         );
         crate::connection::start_restored_timers(&broker, restored);
         spawn_retention(broker.clone());
+        spawn_stream_gc(broker.clone());
         let tracker = Arc::new(ConnTracker::default());
         let mut addrs = Vec::new();
         let mut accept_tasks = Vec::new();
@@ -161,7 +185,12 @@ impl Server {
             );
         }
         let persist = self.broker.persist.clone();
-        let _ = tokio::task::spawn_blocking(move || persist.close()).await;
+        let streams = self.broker.streams.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            streams.close();
+            persist.close();
+        })
+        .await;
     }
 }
 
@@ -181,15 +210,44 @@ fn spawn_retention(broker: Arc<Broker>) {
             let b = broker.clone();
             let res = tokio::task::spawn_blocking(move || {
                 let watermark = b.persist.index.watermark().unwrap_or(0);
-                b.persist
-                    .store
-                    .apply_retention(crate::message::now_us(), pinned.min(watermark))
+                // Streams pin what they still index (and what they have not indexed yet).
+                let streams = b.streams.min_referenced_offset();
+                b.persist.store.apply_retention(
+                    crate::message::now_us(),
+                    pinned.min(watermark).min(streams),
+                )
             })
             .await;
             match res {
                 Ok(Ok(r)) => tracing::debug!(report = ?r, "log retention"),
                 Ok(Err(e)) => warn!(error = %e, "log retention failed"),
                 Err(_) => {}
+            }
+        }
+    });
+}
+
+/// Stream retention every `streams_config.gc_interval`: expired entries, count and byte limits,
+/// deleted streams' leftovers.
+fn spawn_stream_gc(broker: Arc<Broker>) {
+    tokio::spawn(async move {
+        loop {
+            let every = Duration::from_millis(
+                broker
+                    .streams
+                    .settings()
+                    .gc_interval
+                    .as_millis()
+                    .max(1000),
+            );
+            tokio::time::sleep(every).await;
+            if broker.is_shutting_down() {
+                return;
+            }
+            let s = broker.streams.clone();
+            match tokio::task::spawn_blocking(move || s.gc()).await {
+                Ok(n) if n > 0 => tracing::debug!(removed = n, "stream retention"),
+                _ => {}
             }
         }
     });

@@ -123,6 +123,9 @@ pub struct Delivery {
     pub share: Option<Arc<SharedOrigin>>,
     /// Position in the session's persisted queue (0: not persisted).
     pub seq: u64,
+    /// Set for a message of a stream subscription (never persisted in the queue: the
+    /// subscription's acknowledged position is).
+    pub stream: Option<crate::streams::StreamTag>,
 }
 
 /// The shared subscription a delivery came through.

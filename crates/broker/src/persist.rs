@@ -111,6 +111,17 @@ pub enum Op {
     Routed {
         offset: u64,
     },
+    /// A stream subscription and its acknowledged position
+    /// ([`crate::streams::StoredStreamSub`]).
+    StreamSubPut {
+        client: Arc<str>,
+        filter: String,
+        value: Vec<u8>,
+    },
+    StreamSubRemove {
+        client: Arc<str>,
+        filter: String,
+    },
     /// Wake this notifier once everything before it is flushed.
     Wake(Arc<Notify>),
 }
@@ -155,6 +166,7 @@ struct Trees {
     inbound: sled::Tree,
     wills: sled::Tree,
     routed: sled::Tree,
+    stream_subs: sled::Tree,
 }
 
 struct OpQueue {
@@ -262,6 +274,7 @@ impl Persist {
             inbound: t("b_inbound")?,
             wills: t("b_wills")?,
             routed: t("b_routed")?,
+            stream_subs: t("b_stream_subs")?,
         };
         let p = Arc::new(Persist {
             store,
@@ -443,7 +456,7 @@ impl Persist {
                 t.sessions.remove(client.as_bytes())?;
                 t.wills.remove(client.as_bytes())?;
                 let p = prefix(&client);
-                for tree in [&t.subs, &t.queue, &t.inflight, &t.inbound] {
+                for tree in [&t.subs, &t.queue, &t.inflight, &t.inbound, &t.stream_subs] {
                     for k in tree.scan_prefix(&p).keys() {
                         tree.remove(k?)?;
                     }
@@ -531,6 +544,16 @@ impl Persist {
             Op::Routed { offset } => {
                 t.routed.insert(offset.to_be_bytes(), &[][..])?;
             }
+            Op::StreamSubPut {
+                client,
+                filter,
+                value,
+            } => {
+                t.stream_subs.insert(key(&client, filter.as_bytes()), value)?;
+            }
+            Op::StreamSubRemove { client, filter } => {
+                t.stream_subs.remove(key(&client, filter.as_bytes()))?;
+            }
             Op::Wake(_) => {}
         }
         Ok(())
@@ -604,6 +627,24 @@ impl Persist {
             let pid = be_u16(&k[p.len()..]).ok_or(PersistError::Corrupt("inbound"))?;
             let offset = be_u64(&v).ok_or(PersistError::Corrupt("inbound"))?;
             out.push((pid, offset, v.get(8).copied().unwrap_or(0) == 1));
+        }
+        Ok(out)
+    }
+
+    /// A session's stream subscriptions (full filter, stored value).
+    pub fn load_stream_subs(
+        &self,
+        client: &str,
+    ) -> Result<Vec<(String, crate::streams::StoredStreamSub)>, PersistError> {
+        let p = prefix(client);
+        let mut out = Vec::new();
+        for kv in self.trees.stream_subs.scan_prefix(&p) {
+            let (k, v) = kv?;
+            let filter = String::from_utf8(k[p.len()..].to_vec())
+                .map_err(|_| PersistError::Corrupt("stream_subs"))?;
+            let s = crate::streams::StoredStreamSub::decode(&v)
+                .ok_or(PersistError::Corrupt("stream_subs"))?;
+            out.push((filter, s));
         }
         Ok(out)
     }

@@ -10,6 +10,7 @@
 
 use crate::message::{Delivery, NOT_STORED};
 use crate::persist::{Op, Persist};
+use crate::streams::StreamSub;
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,6 +96,8 @@ pub struct SessionState {
     pub next_seq: u64,
     /// During start-up replay: offsets already in the restored queue (de-duplication).
     pub replay_offsets: Option<HashSet<u64>>,
+    /// Stream subscriptions by full filter (`$stream/...`, `$s/...`); not in the router.
+    pub stream_subs: HashMap<String, Arc<StreamSub>>,
 }
 
 pub struct Session {
@@ -145,6 +148,7 @@ impl Session {
                 space_waiters: false,
                 next_seq: 1,
                 replay_offsets: None,
+                stream_subs: HashMap::new(),
             }),
             space: Notify::new(),
             online: AtomicBool::new(false),
@@ -213,6 +217,20 @@ impl Session {
             PushOutcome::Congested
         } else {
             PushOutcome::Queued
+        }
+    }
+
+    /// Queue a stream delivery. Its feeder already bounds how many are queued or in flight
+    /// (`read_max_unacked`), so neither the queue limit nor the QoS 0 byte budget applies.
+    pub fn push_stream(&self, d: Delivery) {
+        let mut st = self.lock();
+        if st.ended {
+            return;
+        }
+        st.queued_bytes += d.msg.cost();
+        st.queue.push_back(d);
+        if st.queue.len() == 1 {
+            st.wake();
         }
     }
 
