@@ -97,9 +97,15 @@ impl Broker {
         let data_dir = dir.0.join("data");
         let config_path = dir.0.join("lanemq.toml");
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        // The REST API only where a test asks for it (`[admin]` in `extra_toml`).
+        let admin = if extra_toml.contains("[admin]") {
+            ""
+        } else {
+            "[admin]\nenable = false\n\n"
+        };
         let toml = format!(
             "[server]\nsys_interval_s = 0\nshutdown_grace_ms = 2000\n\n\
-             [mqtt]\nmax_queued_messages = 1000000\n\n{extra_toml}"
+             [mqtt]\nmax_queued_messages = 1000000\n\n{admin}{extra_toml}"
         );
         std::fs::write(&config_path, toml).expect("write config");
         let mut b = Broker {

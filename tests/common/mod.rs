@@ -31,6 +31,8 @@ pub fn config() -> Config {
     cfg.server.sys_interval_s = 0;
     cfg.server.shutdown_grace_ms = 1_000;
     cfg.server.data_dir = temp_data_dir();
+    // Tests that need the REST API enable it on 127.0.0.1:0.
+    cfg.admin.enable = false;
     cfg
 }
 

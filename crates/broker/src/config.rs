@@ -394,7 +394,10 @@ impl Config {
                 self.streams_config.max_stream_count
             ));
         }
-        if self.admin.enable && self.listeners.iter().any(|l| l.bind == self.admin.bind) {
+        if self.admin.enable
+            && self.admin.bind.port() != 0
+            && self.listeners.iter().any(|l| l.bind == self.admin.bind)
+        {
             errors.push(format!(
                 "admin.bind: {} is also an MQTT listener",
                 self.admin.bind
