@@ -22,6 +22,7 @@ pub mod conn;
 mod idle;
 pub mod load;
 pub mod mqtt;
+mod replay;
 pub mod rss;
 
 use conn::Conn;
@@ -29,6 +30,7 @@ use load::{PubCfg, Shared};
 use mqtt::{PublishTemplate, Version};
 
 pub use idle::IdleReport;
+pub use replay::ReplayReport;
 
 /// How publishers and subscribers are wired to topics.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -113,6 +115,13 @@ pub struct BenchOpts {
     /// No progress line even on a terminal.
     #[arg(long)]
     pub quiet: bool,
+    /// Stream replay mode: one MQTT 5 subscriber reads `$stream/<NAME>` from
+    /// --stream-offset until --count messages arrived (or --drain seconds without any).
+    #[arg(long, value_name = "NAME")]
+    pub stream_replay: Option<String>,
+    /// `stream-offset` of the replay: earliest, latest, a Unix time in µs, or @<position>.
+    #[arg(long, default_value = "earliest")]
+    pub stream_offset: String,
 }
 
 #[derive(clap::Parser)]
@@ -232,6 +241,7 @@ pub struct BenchReport {
     pub latency: Option<Latency>,
     pub broker_rss_max_kb: Option<u64>,
     pub idle: Option<IdleReport>,
+    pub replay: Option<ReplayReport>,
     pub timed_out: bool,
     pub errors: Vec<String>,
 }
@@ -259,6 +269,7 @@ impl BenchReport {
             latency: None,
             broker_rss_max_kb: None,
             idle: None,
+            replay: None,
             timed_out: false,
             errors: Vec::new(),
         }
@@ -289,7 +300,29 @@ fn human(n: f64) -> String {
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let o = &self.opts;
-        if let Some(idle) = &self.idle {
+        if let Some(r) = &self.replay {
+            let kb = |v: Option<u64>| v.map_or("n/a".to_string(), |v| format!("{v} KiB"));
+            writeln!(
+                f,
+                "stream replay of $stream/{} from {}: {} messages{} in {:.2}s = {} msg/s",
+                r.stream,
+                r.offset,
+                r.received,
+                r.expected
+                    .map_or(String::new(), |e| format!(" of {e} expected")),
+                r.secs,
+                human(r.msgs_per_sec)
+            )?;
+            writeln!(
+                f,
+                "first message after {}; broker RSS before {}, max {}, growth {}",
+                r.first_message_secs
+                    .map_or("n/a".to_string(), |s| format!("{:.3}s", s)),
+                kb(r.rss_before_kb),
+                kb(self.broker_rss_max_kb),
+                kb(r.rss_growth_kb)
+            )?;
+        } else if let Some(idle) = &self.idle {
             writeln!(
                 f,
                 "idle connections: {} requested, {} connected, {} failed in {:.2}s",
@@ -360,7 +393,9 @@ impl fmt::Display for BenchReport {
 /// the hard timeout; the function returns even when the broker stalls.
 pub async fn run(opts: BenchOpts) -> anyhow::Result<BenchReport> {
     opts.validate()?;
-    let report = if opts.idle_connections > 0 {
+    let report = if let Some(s) = &opts.stream_replay {
+        replay::run(&opts, s).await?
+    } else if opts.idle_connections > 0 {
         idle::run(&opts).await?
     } else {
         run_load(&opts).await?

@@ -243,6 +243,9 @@ pub struct StorageConfig {
     /// Truncate the log at a corrupt record found before its tail instead of refusing to start
     /// (records after it are lost).
     pub truncate_corrupt: bool,
+    /// Page cache of the index (sled), in bytes: bounds the memory a large stream replay or
+    /// many sessions take.
+    pub index_cache_bytes: u64,
 }
 
 impl Default for StorageConfig {
@@ -255,6 +258,7 @@ impl Default for StorageConfig {
             retention_max_bytes: 0,
             retention_interval_s: 60,
             truncate_corrupt: false,
+            index_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -372,6 +376,9 @@ impl Config {
         if st.segment_bytes_max < 1024 * 1024 {
             errors.push("storage.segment_bytes_max: must be at least 1048576".to_string());
         }
+        if st.index_cache_bytes < 1024 * 1024 {
+            errors.push("storage.index_cache_bytes: must be at least 1048576".to_string());
+        }
         if st.retention_interval_s == 0 {
             errors.push("storage.retention_interval_s: must be at least 1".to_string());
         }
@@ -384,7 +391,10 @@ impl Config {
                 errors.push(format!("streams[{i}] ({:?}).{e}", s.name));
             }
             if !names.insert(s.name.as_str()) {
-                errors.push(format!("streams[{i}]: stream {:?} is declared twice", s.name));
+                errors.push(format!(
+                    "streams[{i}]: stream {:?} is declared twice",
+                    s.name
+                ));
             }
         }
         if self.streams.len() > self.streams_config.max_stream_count as usize {
@@ -403,7 +413,12 @@ impl Config {
                 self.admin.bind
             ));
         }
-        if self.admin.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        if self
+            .admin
+            .token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
             errors.push("admin.token: must not be empty (remove it to generate one)".to_string());
         }
         if errors.is_empty() {

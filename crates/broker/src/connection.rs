@@ -802,7 +802,12 @@ impl Conn {
             }
             let writable = self.writable();
             let writing = writable > 0;
-            if self.wbuf.is_empty() && self.wbuf.capacity() > BUFFER_SHRINK_BYTES {
+            // Release a large write buffer only once the connection is idle: under load it
+            // would be grown again at once (copying on every doubling).
+            if self.wbuf.is_empty()
+                && self.wbuf.capacity() > BUFFER_SHRINK_BYTES
+                && self.session.lock().queue.is_empty()
+            {
                 self.wbuf = BytesMut::new();
             }
             if rbuf.is_empty() && rbuf.capacity() > BUFFER_SHRINK_BYTES {
@@ -1347,7 +1352,10 @@ impl Conn {
             }
             if lanemq_streams::subscribe::is_stream_filter(inner) {
                 let code = if group.is_some() {
-                    reasons.push(format!("{}: stream subscriptions cannot be shared", f.filter));
+                    reasons.push(format!(
+                        "{}: stream subscriptions cannot be shared",
+                        f.filter
+                    ));
                     if v5 {
                         rc::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
                     } else {
@@ -1583,7 +1591,9 @@ impl Conn {
                             def.is_lastvalue = true;
                             def.key_expression = lv.key_expression;
                         }
-                        None => def.data_retention_period = settings.regular_stream_retention_period,
+                        None => {
+                            def.data_retention_period = settings.regular_stream_retention_period
+                        }
                     }
                     let legacy = t.legacy;
                     let e = engine.clone();

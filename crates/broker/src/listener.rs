@@ -212,10 +212,9 @@ fn spawn_retention(broker: Arc<Broker>) {
                 let watermark = b.persist.index.watermark().unwrap_or(0);
                 // Streams pin what they still index (and what they have not indexed yet).
                 let streams = b.streams.min_referenced_offset();
-                b.persist.store.apply_retention(
-                    crate::message::now_us(),
-                    pinned.min(watermark).min(streams),
-                )
+                b.persist
+                    .store
+                    .apply_retention(crate::message::now_us(), pinned.min(watermark).min(streams))
             })
             .await;
             match res {
@@ -232,14 +231,8 @@ fn spawn_retention(broker: Arc<Broker>) {
 fn spawn_stream_gc(broker: Arc<Broker>) {
     tokio::spawn(async move {
         loop {
-            let every = Duration::from_millis(
-                broker
-                    .streams
-                    .settings()
-                    .gc_interval
-                    .as_millis()
-                    .max(1000),
-            );
+            let every =
+                Duration::from_millis(broker.streams.settings().gc_interval.as_millis().max(1000));
             tokio::time::sleep(every).await;
             if broker.is_shutting_down() {
                 return;

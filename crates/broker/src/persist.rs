@@ -263,7 +263,7 @@ impl Persist {
             scanned_bytes = report.scanned_bytes,
             "log opened"
         );
-        let index = Index::open(&data_dir.join("index"))?;
+        let index = Index::open_with_cache(&data_dir.join("index"), cfg.index_cache_bytes)?;
         let t = |name: &str| index.tree(name);
         let trees = Trees {
             sessions: t("b_sessions")?,
@@ -549,7 +549,8 @@ impl Persist {
                 filter,
                 value,
             } => {
-                t.stream_subs.insert(key(&client, filter.as_bytes()), value)?;
+                t.stream_subs
+                    .insert(key(&client, filter.as_bytes()), value)?;
             }
             Op::StreamSubRemove { client, filter } => {
                 t.stream_subs.remove(key(&client, filter.as_bytes()))?;

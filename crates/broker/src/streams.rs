@@ -486,7 +486,11 @@ mod tests {
         for (start, position, sub_id) in [
             (StartFrom::Earliest, None, None),
             (StartFrom::Latest, Some(0), Some(7)),
-            (StartFrom::TimestampUs(1_700_000_000_000_000), Some(42), None),
+            (
+                StartFrom::TimestampUs(1_700_000_000_000_000),
+                Some(42),
+                None,
+            ),
             (StartFrom::After(9), Some(u64::MAX - 1), Some(268_435_455)),
         ] {
             let s = StoredStreamSub {

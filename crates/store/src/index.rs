@@ -167,6 +167,16 @@ impl Index {
         Self::from_db(sled::Config::new().path(dir).open()?)
     }
 
+    /// Opens (or creates) the index in `dir` with a page cache of `cache_bytes`.
+    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Index, StoreError> {
+        Self::from_db(
+            sled::Config::new()
+                .path(dir)
+                .cache_capacity(cache_bytes)
+                .open()?,
+        )
+    }
+
     /// A throw-away index (tests).
     pub fn temporary() -> Result<Index, StoreError> {
         Self::from_db(sled::Config::new().temporary(true).open()?)
