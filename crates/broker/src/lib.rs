@@ -4,6 +4,7 @@
 //! Start a server with [`Server::start`]; stop it with [`Server::shutdown`] (DISCONNECT 0x8B to
 //! every MQTT 5 client, flush, bounded grace period).
 
+pub mod admin;
 pub mod broker;
 pub mod config;
 pub mod connection;

@@ -44,6 +44,9 @@ pub struct Server {
     addrs: Vec<SocketAddr>,
     accept_tasks: Vec<JoinHandle<()>>,
     tracker: Arc<ConnTracker>,
+    /// The REST admin API (`admin.enable`): its bound address and its task.
+    admin_addr: Option<SocketAddr>,
+    admin_task: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -64,6 +67,16 @@ impl Server {
                 .map_err(|e| anyhow_lite::Error(e.to_string()))?;
             bound.push((l.kind, addr, listener, acceptor));
         }
+        // The admin API: bound and its token loaded before storage, like the listeners.
+        let admin = if config.admin.enable {
+            Some(
+                crate::admin::prepare(&config)
+                    .await
+                    .map_err(anyhow_lite::Error)?,
+            )
+        } else {
+            None
+        };
         let auth = crate::broker::Auth::load(&config.server).map_err(anyhow_lite::Error)?;
         let data_dir = config.server.data_dir.clone();
         let storage = config.storage.clone();
@@ -144,12 +157,16 @@ impl Server {
                 tracker.clone(),
             )));
         }
+        let admin_addr = admin.as_ref().map(crate::admin::Prepared::addr);
+        let admin_task = admin.map(|a| crate::admin::spawn(broker.clone(), a));
         crate::sys::spawn(broker.clone());
         Ok(Server {
             broker,
             addrs,
             accept_tasks,
             tracker,
+            admin_addr,
+            admin_task,
         })
     }
 
@@ -160,6 +177,11 @@ impl Server {
     /// Bound addresses, in listener order.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.addrs
+    }
+
+    /// The bound address of the REST admin API, when it is enabled.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     /// Stop accepting, send DISCONNECT 0x8B to every client and wait up to `grace` for the
@@ -183,6 +205,13 @@ impl Server {
                 remaining = self.tracker.active(),
                 "grace period over, dropping connections"
             );
+        }
+        // The admin API stopped accepting at begin_shutdown; running requests get a moment.
+        if let Some(mut t) = self.admin_task {
+            let left = grace.clamp(Duration::from_millis(100), Duration::from_secs(1));
+            if tokio::time::timeout(left, &mut t).await.is_err() {
+                t.abort();
+            }
         }
         let persist = self.broker.persist.clone();
         let streams = self.broker.streams.clone();

@@ -1,4 +1,6 @@
-//! The `lanemq` binary: `serve`, `generate-config`, `check-config`, `bench`.
+//! The `lanemq` binary: `serve`, `generate-config`, `check-config`, `bench`, `streams`, ...
+
+mod streams_cli;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -48,6 +50,8 @@ enum Command {
         #[command(subcommand)]
         command: AclCommand,
     },
+    /// Manage named streams through the REST admin API of a running broker.
+    Streams(streams_cli::StreamsArgs),
     /// Offline tools for the shared log (run them while the broker is stopped).
     Log {
         #[command(subcommand)]
@@ -121,6 +125,30 @@ struct ServeArgs {
     /// Password file (overrides server.password_file).
     #[arg(long, env = "LANEMQ_PASSWD")]
     passwd: Option<PathBuf>,
+    /// Serve the REST admin API on this address (overrides admin.bind and enables it), or
+    /// `off` to disable it.
+    #[arg(long, env = "LANEMQ_HTTP", value_name = "ADDR|off")]
+    http: Option<HttpArg>,
+}
+
+/// `--http`: an address, or `off`.
+#[derive(Clone, Copy, Debug)]
+enum HttpArg {
+    Off,
+    Bind(SocketAddr),
+}
+
+impl std::str::FromStr for HttpArg {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<HttpArg, String> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("off") {
+            return Ok(HttpArg::Off);
+        }
+        t.parse()
+            .map(HttpArg::Bind)
+            .map_err(|e| format!("{t:?}: expected host:port (e.g. 127.0.0.1:18083) or off: {e}"))
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -136,6 +164,7 @@ fn main() -> std::process::ExitCode {
         Command::Log { command } => log_command(command),
         Command::Passwd { file, user, delete } => passwd(&file, &user, delete),
         Command::Acl { command } => acl_command(command),
+        Command::Streams(args) => streams_cli::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -196,6 +225,14 @@ fn serve(args: ServeArgs) -> Result<()> {
     if let Some(f) = args.passwd {
         config.server.password_file = Some(f);
     }
+    match args.http {
+        Some(HttpArg::Off) => config.admin.enable = false,
+        Some(HttpArg::Bind(addr)) => {
+            config.admin.enable = true;
+            config.admin.bind = addr;
+        }
+        None => {}
+    }
     config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -207,7 +244,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         let server = Server::start(config)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        info!(version = env!("CARGO_PKG_VERSION"), addrs = ?server.local_addrs(), "lanemq ready");
+        info!(
+            version = env!("CARGO_PKG_VERSION"),
+            addrs = ?server.local_addrs(),
+            admin = ?server.admin_addr(),
+            "lanemq ready"
+        );
         let broker = server.broker().clone();
         tokio::spawn(async move {
             use tokio::signal::unix::{signal, SignalKind};

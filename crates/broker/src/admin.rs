@@ -1,0 +1,200 @@
+//! The broker side of the REST admin API: [`BrokerAdmin`] implements
+//! [`lanemq_admin::AdminBackend`] over the broker's stream engine, its authorization rules
+//! and its statistics; [`start`] binds and serves the API for [`crate::Server`].
+
+use crate::broker::Broker;
+use crate::config::Config;
+use lanemq_admin::AdminBackend;
+use lanemq_streams::{GlobalSettings, StreamDef, StreamError, StreamInfo};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+/// The admin API backend of a running broker.
+pub struct BrokerAdmin {
+    broker: Arc<Broker>,
+}
+
+impl BrokerAdmin {
+    pub fn new(broker: Arc<Broker>) -> BrokerAdmin {
+        BrokerAdmin { broker }
+    }
+
+    /// What the rules in force are, for the reload answer and the log.
+    fn auth_summary(&self) -> String {
+        let auth = self.broker.auth();
+        let acl = &auth.acl;
+        let mut s = format!(
+            "authorization reloaded: ACL {} ({} rule{}, default {})",
+            acl.source_name(),
+            acl.len(),
+            if acl.len() == 1 { "" } else { "s" },
+            if acl.default_allows() {
+                "allow"
+            } else {
+                "deny"
+            }
+        );
+        match (&auth.passwords, &self.broker.config.server.password_file) {
+            (Some(p), Some(path)) => s.push_str(&format!(
+                "; password file {} ({} user{})",
+                path.display(),
+                p.len(),
+                if p.len() == 1 { "" } else { "s" }
+            )),
+            _ => s.push_str("; no password file"),
+        }
+        s
+    }
+}
+
+impl AdminBackend for BrokerAdmin {
+    fn list_streams(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<StreamInfo>, bool), StreamError> {
+        Ok(self.broker.streams.list(after, limit))
+    }
+
+    fn get_stream(&self, name: &str) -> Result<StreamInfo, StreamError> {
+        self.broker.streams.get(name)
+    }
+
+    fn create_stream(&self, def: StreamDef) -> Result<StreamInfo, StreamError> {
+        self.broker.streams.create(def)
+    }
+
+    fn update_stream(&self, name: &str, def: StreamDef) -> Result<StreamInfo, StreamError> {
+        // The engine refuses changes of topic_filter / is_lastvalue (Immutable).
+        self.broker.streams.update(name, def)
+    }
+
+    fn delete_stream(&self, name: &str) -> Result<(), StreamError> {
+        self.broker.streams.delete(name)
+    }
+
+    fn get_settings(&self) -> GlobalSettings {
+        self.broker.streams.settings()
+    }
+
+    fn put_settings(&self, s: GlobalSettings) -> Result<GlobalSettings, StreamError> {
+        self.broker.streams.put_settings(s)?;
+        Ok(self.broker.streams.settings())
+    }
+
+    fn reload_authorization(&self) -> Result<String, String> {
+        match self.broker.reload_auth() {
+            Ok(()) => {
+                let summary = self.auth_summary();
+                info!(%summary, "admin API: authorization reloaded");
+                Ok(summary)
+            }
+            Err(e) => {
+                warn!(error = %e, "admin API: authorization reload failed, the previous rules stay in force");
+                Err(format!("{e} (the previous rules stay in force)"))
+            }
+        }
+    }
+
+    fn stats(&self) -> Value {
+        let b = &self.broker;
+        let st = &b.stats;
+        let streams = serde_json::to_value(b.streams.stats()).unwrap_or(Value::Null);
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_s": b.started.elapsed().as_secs(),
+            "broker": {
+                "clients_connected": st.clients_connected.load(Ordering::Relaxed),
+                "messages_received": st.messages_received.load(Ordering::Relaxed),
+                "messages_sent": st.messages_sent.load(Ordering::Relaxed),
+                "messages_dropped": st.messages_dropped.load(Ordering::Relaxed),
+                "bytes_received": st.bytes_received.load(Ordering::Relaxed),
+                "bytes_sent": st.bytes_sent.load(Ordering::Relaxed),
+                "auth_failures": st.auth_failures.load(Ordering::Relaxed),
+                "sessions": b.session_count(),
+                "retained": b.retained_count(),
+            },
+            "streams": streams,
+        })
+    }
+}
+
+/// The admin API bound and its token loaded, not yet serving. [`prepare`] runs before the
+/// broker opens its storage so a busy port or an unreadable token fails the start early.
+pub struct Prepared {
+    listener: TcpListener,
+    addr: SocketAddr,
+    token: String,
+}
+
+impl Prepared {
+    /// The bound address (the real port when `admin.bind` has port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Binds `config.admin.bind` and loads (or generates) the API token.
+pub async fn prepare(config: &Config) -> Result<Prepared, String> {
+    let bind = config.admin.bind;
+    let listener = TcpListener::bind(bind)
+        .await
+        .map_err(|e| format!("cannot bind the admin API on {bind} (admin.bind): {e}"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("admin API listener on {bind}: {e}"))?;
+    let data_dir = config.server.data_dir.clone();
+    let file = data_dir.join(lanemq_admin::TOKEN_FILE);
+    let configured = config.admin.token.clone();
+    let (token, path, existed) = tokio::task::spawn_blocking(move || {
+        let existed = data_dir.join(lanemq_admin::TOKEN_FILE).exists();
+        lanemq_admin::load_or_create_token(&data_dir, configured.as_deref())
+            .map(|(t, p)| (t, p, existed))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| match config.admin.token {
+        Some(_) => format!("admin.token: {e}"),
+        None => format!("admin API token ({}): {e}", file.display()),
+    })?;
+    // Never log the token itself.
+    match &path {
+        Some(p) if existed => info!("admin API token read from {}", p.display()),
+        Some(p) => info!("admin API token written to {}", p.display()),
+        None => info!("admin API token from the configuration (admin.token)"),
+    }
+    Ok(Prepared {
+        listener,
+        addr,
+        token,
+    })
+}
+
+/// Serves the API until the broker shuts down (then lets running requests finish).
+pub fn spawn(broker: Arc<Broker>, prepared: Prepared) -> JoinHandle<()> {
+    let Prepared {
+        listener,
+        addr,
+        token,
+    } = prepared;
+    let router = lanemq_admin::router(Arc::new(BrokerAdmin::new(broker.clone())), token);
+    let mut shutdown = broker.shutdown_signal();
+    info!(%addr, "admin API listening");
+    tokio::spawn(async move {
+        let stop = async move {
+            while !*shutdown.borrow_and_update() {
+                if shutdown.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        if let Err(e) = lanemq_admin::serve(listener, router, stop).await {
+            warn!(error = %e, "admin API stopped");
+        }
+    })
+}
