@@ -244,3 +244,39 @@ impl Drop for Broker {
         self.kill9();
     }
 }
+
+impl Broker {
+    /// Like [`Broker::start`], with an ACL file (`acl_text`, written to the test's temp dir) as
+    /// `server.acl_file`: `extra_toml` cannot hold it, as `[server]` is already in the config.
+    pub async fn start_with_acl(tag: &str, acl_text: &str, extra_toml: &str) -> Broker {
+        let dir = TempDir::new(tag);
+        let acl_path = dir.0.join("test.acl");
+        std::fs::write(&acl_path, acl_text).expect("write acl");
+        let data_dir = dir.0.join("data");
+        let config_path = dir.0.join("lanemq.toml");
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let admin = if extra_toml.contains("[admin]") {
+            ""
+        } else {
+            "[admin]\nenable = false\n\n"
+        };
+        let toml = format!(
+            "[server]\nsys_interval_s = 0\nshutdown_grace_ms = 2000\nacl_file = {:?}\n\n\
+             [mqtt]\nmax_queued_messages = 1000000\n\n{admin}{extra_toml}",
+            acl_path.display().to_string()
+        );
+        std::fs::write(&config_path, toml).expect("write config");
+        let mut b = Broker {
+            child: None,
+            addr,
+            data_dir,
+            bin: lanemq_bin(),
+            config_path,
+            log_path: dir.0.join("broker.log"),
+            starts: 0,
+            dir,
+        };
+        b.spawn().await;
+        b
+    }
+}

@@ -580,3 +580,92 @@ pub async fn rumqttc_v311_suback(
         }
     }
 }
+
+// --- Helpers for the stream tests (tests/streams.rs, tests/streams_restart.rs) ---------------
+
+/// A permissive ACL file (`default allow`) in a fresh temp directory: the embedded default ACL
+/// denies `$stream/#` and `$s/#`.
+pub fn permissive_acl_file() -> std::path::PathBuf {
+    let dir = temp_data_dir().with_extension("acl");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("allow.acl");
+    std::fs::write(&p, "default allow\n").unwrap();
+    p
+}
+
+/// [`config`] with a permissive ACL, so that stream subscriptions are allowed.
+pub fn stream_config() -> Config {
+    let mut cfg = config();
+    cfg.server.acl_file = Some(permissive_acl_file());
+    cfg
+}
+
+/// A user property of a PUBLISH.
+pub fn user_prop<'a>(p: &'a Publish, key: &str) -> Option<&'a str> {
+    p.properties
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The log position of a delivered stream message (user property `stream-offset` = `@<n>`).
+pub fn stream_offset_of(p: &Publish) -> u64 {
+    let v = user_prop(p, "stream-offset")
+        .unwrap_or_else(|| panic!("no stream-offset user property on {p:?}"));
+    v.strip_prefix('@')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("stream-offset {v:?} is not @<n>"))
+}
+
+impl RawClient {
+    /// SUBSCRIBE with options, subscription identifier and user properties; returns the SUBACK.
+    pub async fn subscribe_props(
+        &mut self,
+        filters: &[(&str, SubscriptionOptions)],
+        sub_id: Option<u32>,
+        user_properties: &[(&str, &str)],
+    ) -> SubAck {
+        let pid = self.next_pid();
+        self.send(Packet::Subscribe(Subscribe {
+            packet_id: pid,
+            filters: filters
+                .iter()
+                .map(|(f, o)| SubscribeFilter {
+                    filter: f.to_string(),
+                    options: *o,
+                })
+                .collect(),
+            properties: SubscribeProperties {
+                subscription_identifier: sub_id,
+                user_properties: user_properties
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            },
+        }))
+        .await;
+        match self.recv().await {
+            Packet::SubAck(a) => {
+                assert_eq!(a.packet_id, pid);
+                a
+            }
+            other => panic!("expected SUBACK, got {other:?}"),
+        }
+    }
+
+    /// Send PINGREQ and wait for PINGRESP: everything sent before was processed by the server.
+    /// Returns the PUBLISH packets that arrived before the PINGRESP (any other packet panics).
+    pub async fn sync(&mut self) -> Vec<Publish> {
+        self.send(Packet::PingReq).await;
+        let mut got = Vec::new();
+        for _ in 0..1_000_000 {
+            match self.recv().await {
+                Packet::PingResp => return got,
+                Packet::Publish(p) => got.push(p),
+                other => panic!("expected PINGRESP, got {other:?}"),
+            }
+        }
+        panic!("no PINGRESP after {} PUBLISH packets", got.len());
+    }
+}
