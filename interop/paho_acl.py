@@ -139,6 +139,17 @@ def r_reader_v311_refused_0x80():
     refused_v311("r-v311", "reader", "$stream/events")
 
 
+def r_shared_stream_subscription():
+    """stream-reader.acl allows reader `$share/g/$stream/events` (docs/security.md), but the
+    broker does not share stream subscriptions: 0x9E (Shared Subscriptions not supported) with a
+    reason string; user other is stopped by the ACL first: 0x87."""
+    c = client("r-share", "reader")
+    code, why = c.subscribe_raw("$share/g/$stream/events", offset="earliest")
+    check(code.value == 0x9E and why, f"reader $share/g/$stream/events: 0x{code.value:02X} {why!r}, expected 0x9E")
+    o = client("r-share-other", "other")
+    expect_code(o, "$share/g/$stream/events", NOT_AUTHORIZED)
+
+
 def r_ordinary_topics_for_everyone():
     """stream-reader.acl: user other may subscribe t/# and publish; gets the message once."""
     c = client("r-plain", "other")
