@@ -2,10 +2,11 @@
 # Named streams with the Eclipse Paho Python client (paho-mqtt 2.x, MQTT 5), see
 # interop/paho_streams.py: timestamp offsets, last-value streams (by topic, by a JSON path),
 # resume of a persistent session after the last acknowledged position, subscription
-# identifiers, stream user properties, auto-create, refusals. Starts its own broker on a free
-# 127.0.0.1 port with ACL `default allow` and the streams the scenarios need.
+# identifiers, stream user properties, auto-create, refusals; then resume across a broker
+# restart (paho_streams.py --restart-phase 1, restart on the same data dir, phase 2).
+# Starts its own broker on a free 127.0.0.1 port with ACL `default allow` and the streams the scenarios need.
 #
-#   bash interop/paho-streams.sh [SCENARIO_SUBSTRING...]
+#   bash interop/paho-streams.sh [SCENARIO_SUBSTRING...]   ("restart": the broker-restart one)
 #
 # Needs interop/.venv with paho-mqtt 2.x (tests/run-all.sh creates it):
 #   python3 -m venv interop/.venv && interop/.venv/bin/pip install 'paho-mqtt==2.*'
@@ -25,7 +26,7 @@ if [ "$INTEROP_BROKER" != lanemq ]; then
 fi
 
 printf 'default allow\n' >"$WORK/allow.acl"
-start_broker "[server]
+TOML="[server]
 sys_interval_s = 0
 acl_file = \"$WORK/allow.acl\"
 
@@ -58,9 +59,32 @@ topic_filter = \"rs/#\"
 
 [[streams]]
 name = \"subid\"
-topic_filter = \"sid/#\""
+topic_filter = \"sid/#\"
 
-timeout 100 "$PY" -u "$INTEROP_ROOT/interop/paho_streams.py" --port "$PORT" "$@"
-rc=$?
-if [ "$rc" -ne 0 ]; then N_FAIL=$rc; fi
-[ "$rc" -eq 0 ]
+[[streams]]
+name = \"restart\"
+topic_filter = \"rr/#\""
+start_broker "$TOML"
+
+OUT=$WORK/paho-streams.out
+timeout 80 "$PY" -u "$INTEROP_ROOT/interop/paho_streams.py" --port "$PORT" "$@" | tee "$OUT"
+rc=${PIPESTATUS[0]}
+add_results "$OUT"
+if [ "$rc" -ne 0 ] && ! grep -q '^FAIL:' "$OUT"; then
+  fail "paho_streams.py" "exited $rc without a FAIL line"
+fi
+
+# Resume across a graceful broker restart (same data dir): phase 1, restart, phase 2.
+if [ $# -eq 0 ] || [[ " $* " == *" restart "* ]]; then
+  timeout 30 "$PY" -u "$INTEROP_ROOT/interop/paho_streams.py" --port "$PORT" --restart-phase 1 | tee "$OUT"
+  add_results "$OUT"
+  if grep -q '^PASS:' "$OUT"; then
+    stop_broker
+    start_broker "$TOML"
+    timeout 30 "$PY" -u "$INTEROP_ROOT/interop/paho_streams.py" --port "$PORT" --restart-phase 2 | tee "$OUT"
+    add_results "$OUT"
+  fi
+fi
+
+summary paho-streams
+exit "$N_FAIL"

@@ -14,6 +14,7 @@ Streams the broker must have (declared by paho-streams.sh):
     jk       jk/#   last-value, key_expression = "payload.$.device.id"
     resume   rs/#   regular
     subid    sid/#  regular
+    restart  rr/#   regular (the broker-restart scenario, --restart-phase 1 and 2)
 
 Semantics: /work/shared/spec/streams.md. Prints PASS/FAIL per scenario and a closing
 "paho-streams: N passed, N failed" line; the exit code is the number of failures. Every wait
@@ -393,6 +394,54 @@ def s_bad_offset_refused():
 
 SCENARIOS = [v for k, v in list(globals().items()) if k.startswith("s_") and callable(v)]
 
+
+# --- across a broker restart (paho-streams.sh runs phase 1, restarts the broker, phase 2) -----
+
+RESTART_N = 20
+RESTART_ACKED = 8
+
+
+def restart_phase_1():
+    """Before the restart: 20 messages into stream `restart`, a persistent session reads them
+    from earliest with manual acks, acknowledges #1..#8, disconnects."""
+    pub = publisher("rr-pub")
+    for i in range(1, RESTART_N + 1):
+        pub.publish("rr/x", f"{i}".encode())
+    c = SClient("rr-sub", manual_ack=True)
+    c.connect(clean_start=True, expiry=3600)
+    c.sub_stream("$stream/restart", offset="earliest")
+    got = c.wait_msgs(RESTART_N)
+    check(payloads(got) == [f"{i}".encode() for i in range(1, RESTART_N + 1)],
+          f"expected 1..{RESTART_N} in order, got {payloads(got)}")
+    for m in got[:RESTART_ACKED]:
+        c.c.ack(m.mid, 1)
+    time.sleep(0.5)
+    c.disconnect()
+
+
+def restart_phase_2():
+    """After a graceful broker restart: the session is present, #9..#20 arrive once each in
+    order (as DUP redeliveries or fresh reads), #1..#8 not; then live messages follow."""
+    r = SClient("rr-sub", manual_ack=True)
+    r.connect(clean_start=False, expiry=3600)
+    check(r.session_present, "session not present after the broker restart")
+    r.wait_msgs(RESTART_N - RESTART_ACKED, 5)
+    got = r.quiet(1.0)
+    desc = [(int(m.payload), int(m.dup)) for m in got]
+    want = list(range(RESTART_ACKED + 1, RESTART_N + 1))
+    check([v for v, _ in desc] == want, f"after the restart expected {want} once each, got (payload, dup) {desc}")
+    for m in got:
+        r.c.ack(m.mid, 1)
+    pub = publisher("rr-pub2")
+    pub.publish("rr/x", b"live")
+    live = r.wait_msgs(len(got) + 1)
+    check(payloads(live)[-1:] == [b"live"], f"live message after the restart: {payloads(live)}")
+    r.c.ack(live[-1].mid, 1)
+    r.disconnect(0, SessionExpiryInterval=0)
+
+
+RESTART_PHASES = {"1": restart_phase_1, "2": restart_phase_2}
+
 # Scenarios that check the spec but fail against the current broker: reported as SKIP with the
 # reason (so the test command stays green) until fixed; PASS again once they pass.
 KNOWN_BROKER_BUGS = {
@@ -406,9 +455,13 @@ KNOWN_BROKER_BUGS = {
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--restart-phase", choices=sorted(RESTART_PHASES),
+                    help="run one phase of the broker-restart scenario instead of the scenarios")
     ap.add_argument("only", nargs="*", help="run scenarios whose name contains one of these")
     args = ap.parse_args()
     ps.PORT = args.port
+    if args.restart_phase:
+        return run_restart_phase(args.restart_phase)
     passed = failed = skipped = 0
     failures = []
     for fn in SCENARIOS:
@@ -442,6 +495,24 @@ def main() -> int:
         print("paho-streams failures: " + " ".join(failures))
     print(f"paho-streams: {passed} passed, {failed} failed, {skipped} skipped", flush=True)
     return min(failed, 125)
+
+
+def run_restart_phase(phase: str) -> int:
+    name = f"resume_across_broker_restart (phase {phase})"
+    t0 = time.monotonic()
+    try:
+        RESTART_PHASES[phase]()
+        print(f"PASS: {name} ({time.monotonic() - t0:.1f}s)", flush=True)
+        return 0
+    except Exception as e:
+        print(f"FAIL: {name} -- {type(e).__name__}: {e}", flush=True)
+        if not isinstance(e, Failure):
+            traceback.print_exc()
+        return 1
+    finally:
+        for c in ps.Client.registry:
+            c.close()
+        ps.Client.registry.clear()
 
 
 if __name__ == "__main__":
