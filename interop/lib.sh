@@ -128,3 +128,31 @@ summary() {
   fi
   echo "$label: $N_PASS passed, $N_FAIL failed, $N_SKIP skipped"
 }
+
+# stop_broker: stop the broker that start_broker started (SIGTERM, SIGKILL after 3 s), so that
+# a script can start another one with a different configuration.
+stop_broker() {
+  [ -n "$BROKER_PID" ] || return 0
+  kill "$BROKER_PID" 2>/dev/null || true
+  for _ in $(seq 1 30); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$BROKER_PID" 2>/dev/null || true
+  wait "$BROKER_PID" 2>/dev/null || true
+  BROKER_PID=""
+}
+
+# add_results FILE: add the "PASS: name" / "FAIL: name -- reason" / "SKIP: ..." lines that a
+# sub-runner (a Python script, say) printed to FILE to this script's totals.
+add_results() {
+  local file=$1 line
+  while IFS= read -r line; do
+    case "$line" in
+      PASS:*) N_PASS=$((N_PASS + 1)) ;;
+      SKIP:*) N_SKIP=$((N_SKIP + 1)) ;;
+      FAIL:*)
+        N_FAIL=$((N_FAIL + 1))
+        line=${line#FAIL: }
+        FAILED_NAMES+=("${line%% -- *}")
+        ;;
+    esac
+  done <"$file"
+}
