@@ -481,8 +481,10 @@ mod tests {
 
     #[test]
     fn stored_stream_sub_round_trips() {
-        let mut options = SubscriptionOptions::default();
-        options.qos = QoS::AtLeastOnce;
+        let options = SubscriptionOptions {
+            qos: QoS::AtLeastOnce,
+            ..Default::default()
+        };
         for (start, position, sub_id) in [
             (StartFrom::Earliest, None, None),
             (StartFrom::Latest, Some(0), Some(7)),
