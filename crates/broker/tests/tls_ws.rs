@@ -96,6 +96,7 @@ fn config(listeners: Vec<ListenerConfig>, dir: &Path) -> Config {
         ..Config::default()
     };
     config.server.sys_interval_s = 0;
+    config.admin.enable = false;
     config.server.data_dir = dir.join("data");
     config
 }
