@@ -444,12 +444,7 @@ RESTART_PHASES = {"1": restart_phase_1, "2": restart_phase_2}
 
 # Scenarios that check the spec but fail against the current broker: reported as SKIP with the
 # reason (so the test command stays green) until fixed; PASS again once they pass.
-KNOWN_BROKER_BUGS = {
-    "timestamp_in_the_future_is_live_only":
-        "stream-offset <µs> positions the reader at the first message at/after the timestamp "
-        "(engine.rs start_position: store.seek_timestamp) and then delivers everything live, "
-        "so live messages older than the timestamp are not skipped",
-}
+KNOWN_BROKER_BUGS: dict = {}
 
 
 def main() -> int:

@@ -374,7 +374,7 @@ async fn feed(broker: Arc<Broker>, session: Arc<Session>, sub: Arc<StreamSub>, g
         }
         let _bound = Bound::new(h.clone());
         debug!(stream = %h.name, filter = %sub.filter, "stream subscription bound");
-        let mut reader = StreamReader::new(sub.lock().next.unwrap_or(0));
+        let mut reader = StreamReader::for_start(sub.lock().next.unwrap_or(0), sub.start);
         loop {
             if !alive(&session, &sub, generation) {
                 save_position(&broker, &session, &sub, true);

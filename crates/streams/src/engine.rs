@@ -1087,7 +1087,7 @@ impl Engine {
             };
             reader.next = offset.saturating_add(1);
             let Some(e) = Entry::decode(&v) else { continue };
-            if e.ts_us < cutoff {
+            if e.ts_us < cutoff || e.ts_us < reader.min_ts_us {
                 continue;
             }
             let record = match &e.record {
@@ -1156,6 +1156,9 @@ fn encode_copy(rec: &Record) -> Option<Bytes> {
 pub struct StreamReader {
     /// Next position (log offset) to read.
     pub next: u64,
+    /// Messages published before this time (µs) are skipped: a subscription that asked for
+    /// `stream-offset=<timestamp>` gets only messages at or after it, live ones included.
+    pub min_ts_us: u64,
     log: Option<LogReader>,
 }
 
@@ -1163,8 +1166,18 @@ impl StreamReader {
     pub fn new(from: u64) -> StreamReader {
         StreamReader {
             next: from,
+            min_ts_us: 0,
             log: None,
         }
+    }
+
+    /// A reader at `from` that also skips messages older than what `start` asks for.
+    pub fn for_start(from: u64, start: StartFrom) -> StreamReader {
+        let mut r = StreamReader::new(from);
+        if let StartFrom::TimestampUs(t) = start {
+            r.min_ts_us = t;
+        }
+        r
     }
 
     /// The record at `offset`, or `None` if the log no longer holds it.
@@ -1293,7 +1306,7 @@ mod tests {
 
     fn read_all(e: &Engine, name: &str, from: StartFrom) -> Vec<(u64, String, String)> {
         let h = e.lookup(name).unwrap();
-        let mut r = StreamReader::new(e.start_position(&h, from).unwrap());
+        let mut r = StreamReader::for_start(e.start_position(&h, from).unwrap(), from);
         let mut out = Vec::new();
         loop {
             let batch = e.read(&h, &mut r, 7).unwrap();
@@ -1348,6 +1361,21 @@ mod tests {
             assert_eq!(got[0].0, off);
         }
         e.close();
+    }
+
+    #[test]
+    fn future_timestamp_skips_messages_published_before_it() {
+        let f = Fixture::new("future");
+        let e = f.engine(&[StreamDef::new("s", "t/#")]);
+        f.publish(&e, "t/1", "c", "old");
+        let future = now_us() + 60_000_000;
+        let h = e.lookup("s").unwrap();
+        let from = StartFrom::TimestampUs(future);
+        let mut r = StreamReader::for_start(e.start_position(&h, from).unwrap(), from);
+        let upto = f.publish(&e, "t/1", "c", "now");
+        wait_indexed(&e, upto + 1);
+        assert!(e.read(&h, &mut r, 100).unwrap().is_empty());
+        assert!(read_all(&e, "s", from).is_empty());
     }
 
     #[test]
