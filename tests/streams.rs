@@ -886,3 +886,31 @@ async fn big_replay_of_20000_messages_is_complete_and_in_order() {
     eprintln!("replayed {N} messages in {:?}", started.elapsed());
     c.expect_nothing(QUIET_MS).await;
 }
+
+/// A subscription `$stream/<name>/<filter>` left pending (stream missing, auto-create off)
+/// does not bind to a stream of that name created later with another filter: the ACL
+/// authorized `<filter>`, not what the new stream captures. One created with the filter binds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_filtered_subscription_ignores_a_stream_with_another_filter() {
+    let mut cfg = stream_config();
+    cfg.streams_config.auto_create.regular = false;
+    cfg.streams_config.auto_create.lastvalue = None;
+    let s = TestServer::start(cfg).await;
+    let mut c = s.v5("c").await;
+    let ack = c
+        .subscribe_props(
+            &[("$stream/later/ac/#", sub_opts(QoS::AtLeastOnce))],
+            None,
+            EARLIEST,
+        )
+        .await;
+    assert_eq!(ack.reason_codes, vec![1], "pending: {ack:?}");
+    create_stream(&s, StreamDef::new("later", "zz/#")).await;
+    let mut p = s.v5("pub").await;
+    publish_range(&mut p, 0..3, |_| "zz/1".to_string()).await;
+    c.expect_nothing(800).await;
+    delete_stream(&s, "later").await;
+    create_stream(&s, StreamDef::new("later", "ac/#")).await;
+    publish_range(&mut p, 3..5, |_| "ac/1".to_string()).await;
+    assert_eq!(payloads(&recv_n(&mut c, 2).await), expected(3..5));
+}

@@ -20,7 +20,9 @@ mod child;
 
 use child::Broker;
 use common::{connect_v5, stream_offset_of, sub_opts, user_prop, RawClient};
-use lanemq_protocol::{Connect, Packet, PubResp, Publish, QoS};
+use lanemq_protocol::{
+    Connect, Packet, PubResp, Publish, QoS, Subscribe, SubscribeFilter, SubscribeProperties,
+};
 
 const ACL: &str = "default allow\n";
 const EVENTS: &str = "[[streams]]\nname = \"events\"\ntopic_filter = \"t/#\"\n\n";
@@ -270,4 +272,54 @@ async fn lastvalue_stream_values_survive_restart() {
     for m in &after {
         assert_eq!(user_prop(m, "key"), Some(m.topic.as_str()));
     }
+}
+
+/// `mosquitto_sub -c` sends the same SUBSCRIBE on every run: the persistent session keeps its
+/// stream subscription and resumes after the last acknowledged message instead of starting
+/// again from `earliest` (and nothing is delivered twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_resubscribe_in_a_resumed_session_keeps_the_position() {
+    let b = Broker::start_with_acl("streams-resubscribe", ACL, EVENTS).await;
+    let c = read_and_ack_first(&b).await;
+    drop(c);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (mut c, ack) = RawClient::connect_ack(b.addr, persistent("reader", false)).await;
+    assert!(ack.session_present);
+    // The same SUBSCRIBE again; the resent in-flight messages may arrive before the SUBACK.
+    c.send(Packet::Subscribe(Subscribe {
+        packet_id: 99,
+        filters: vec![SubscribeFilter {
+            filter: "$stream/events".into(),
+            options: sub_opts(QoS::AtLeastOnce),
+        }],
+        properties: SubscribeProperties {
+            subscription_identifier: Some(4),
+            user_properties: vec![("stream-offset".into(), "earliest".into())],
+        },
+    }))
+    .await;
+    let mut got = Vec::new();
+    let mut subacked = false;
+    while got.last() != Some(&(N - 1)) || !subacked {
+        let m = match c.recv().await {
+            Packet::SubAck(a) => {
+                assert_eq!(a.reason_codes, vec![1], "{a:?}");
+                subacked = true;
+                continue;
+            }
+            Packet::Publish(m) => {
+                c.send(Packet::PubAck(PubResp::new(m.packet_id, 0))).await;
+                m
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        let i = index_of(&m);
+        got.push(i);
+    }
+    c.expect_nothing(300).await;
+    assert_eq!(
+        got,
+        (ACKED..N).collect::<Vec<_>>(),
+        "resumed after the last ack, once each"
+    );
 }

@@ -1642,6 +1642,24 @@ impl Conn {
         let cfg = &self.broker.config.mqtt;
         options.qos =
             QoS::from_u8(options.qos.as_u8().min(cfg.maximum_qos)).unwrap_or(QoS::AtMostOnce);
+        // The same SUBSCRIBE again (mosquitto_sub -c re-subscribes on every run) keeps the
+        // subscription and its position: a persistent session resumes after its last ack.
+        let existing = self.session.lock().stream_subs.get(filter).cloned();
+        if let Some(old) = &existing {
+            if !old.is_ended()
+                && old.start == start
+                && old.options == options
+                && old.sub_id == sub_id
+            {
+                if let Some(note) = pending_note {
+                    reasons.push(format!("{filter}: {note}"));
+                }
+                if !self.feeders.get(filter).is_some_and(|j| !j.is_finished()) {
+                    self.start_feeder(old.clone());
+                }
+                return (options.qos.as_u8(), None);
+            }
+        }
         let sub = StreamSub::new(filter.to_string(), t.name.clone(), options, sub_id, start);
         if let Some(h) = &handle {
             let e = engine.clone();
@@ -1657,6 +1675,9 @@ impl Conn {
             .insert(filter.to_string(), sub.clone());
         if let Some(old) = old {
             old.end();
+            // What the replaced subscription queued and did not send yet is dropped (it was
+            // never delivered); the new one reads from its own start.
+            self.session.drop_queued_stream(&old);
         }
         let ticket = self.persistent().then(|| {
             self.broker.persist.submit(Op::StreamSubPut {

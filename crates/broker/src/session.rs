@@ -234,6 +234,20 @@ impl Session {
         }
     }
 
+    /// Remove the queued (not yet sent) deliveries of stream subscription `sub`.
+    pub fn drop_queued_stream(&self, sub: &Arc<StreamSub>) {
+        let mut st = self.lock();
+        let mut freed = 0;
+        st.queue.retain(|d| {
+            let mine = d.stream.as_ref().is_some_and(|t| Arc::ptr_eq(&t.sub, sub));
+            if mine {
+                freed += d.msg.cost();
+            }
+            !mine
+        });
+        st.queued_bytes = st.queued_bytes.saturating_sub(freed);
+    }
+
     /// Wait until this session's queue is no longer congested (or the session went offline).
     /// The caller bounds the wait with a timeout.
     pub async fn wait_for_space(&self) {

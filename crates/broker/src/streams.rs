@@ -330,6 +330,10 @@ async fn feed(broker: Arc<Broker>, session: Arc<Session>, sub: Arc<StreamSub>, g
             .as_millis()
             .max(100),
     );
+    let wanted_filter = lanemq_streams::subscribe::parse_topic(&sub.filter)
+        .ok()
+        .and_then(|t| t.filter);
+    let mut mismatch_logged = false;
     'bind: loop {
         // Wait for the stream to exist.
         let h = loop {
@@ -340,7 +344,23 @@ async fn feed(broker: Arc<Broker>, session: Arc<Session>, sub: Arc<StreamSub>, g
             tokio::pin!(created);
             created.as_mut().enable();
             if let Some(h) = engine.lookup(&sub.name) {
-                break h;
+                // `$stream/<name>/<filter>` binds only to a stream of that filter: the ACL
+                // authorized that filter, not whatever a stream created later captures.
+                match &wanted_filter {
+                    Some(f) if h.topic_filter() != *f => {
+                        if !mismatch_logged {
+                            mismatch_logged = true;
+                            warn!(
+                                stream = %sub.name,
+                                subscribed = %sub.filter,
+                                captures = %h.topic_filter(),
+                                "pending stream subscription not bound: the stream captures a \
+                                 different topic filter"
+                            );
+                        }
+                    }
+                    _ => break h,
+                }
             }
             tokio::select! {
                 _ = &mut created => {}
