@@ -770,6 +770,38 @@ async fn put_stream_replaces_the_mutable_fields_and_refuses_the_fixed_ones() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_stream_lowering_a_count_limit_trims_the_oldest_messages_at_once() {
+    let (s, api) = admin_server().await;
+    api.create(json!({ "name": "trim", "topic_filter": "tr/#" }))
+        .await;
+    let mut p = s.v5("pub").await;
+    publish_n(&mut p, "tr/1", 0..5).await;
+    api.wait_stream("trim", "5 messages", |v| v["stats"]["message_count"] == 5)
+        .await;
+    let (status, v) = api
+        .call(
+            "PUT",
+            "/api/v5/stream/trim",
+            Some(json!({ "topic_filter": "tr/#", "limits": { "max_message_count": 2 } })),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["stats"]["message_count"], 2, "{v}");
+    let mut c = s.v5("reader").await;
+    sub_stream(&mut c, "$stream/trim", EARLIEST).await;
+    assert_eq!(payloads(&recv_n(&mut c, 2).await), expected(3..5));
+    c.expect_nothing(QUIET_MS).await;
+    // Later publishes keep the newest two.
+    publish_n(&mut p, "tr/1", 5..6).await;
+    assert_eq!(payload(&c.recv_publish_ack().await), "m5");
+    api.wait_stream("trim", "2 messages", |v| {
+        v["stats"]["message_count"] == 2
+            && v["stats"]["newest_timestamp_us"] != v["stats"]["oldest_timestamp_us"]
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_ends_delivery_to_a_subscriber_that_stays_connected() {
     let (s, api) = admin_server().await;
     api.create(json!({ "name": "gone", "topic_filter": "g/#" }))
@@ -1324,6 +1356,42 @@ async fn lanemq_streams_cli_creates_lists_shows_configures_and_deletes_over_http
     let table = b.cli_ok(&["list"]).await;
     assert_eq!(table.lines().count(), 2, "{table}");
     assert!(table.contains("cli-two"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_http_off_disables_the_api_configured_in_the_file() {
+    let dir = child::TempDir::new("admin-off");
+    let config = dir.0.join("lanemq.toml");
+    let admin_port = child::free_port();
+    let mqtt = SocketAddr::from(([127, 0, 0, 1], child::free_port()));
+    std::fs::write(
+        &config,
+        format!("[server]\nsys_interval_s = 0\n\n{}", admin_toml(admin_port)),
+    )
+    .unwrap();
+    let mut child = Command::new(child::lanemq_bin())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(dir.0.join("data"))
+        .args(["--mqtt", &mqtt.to_string(), "--http", "off"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(mqtt).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "the broker exited");
+        assert!(Instant::now() < deadline, "the broker did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = std::net::TcpStream::connect(("127.0.0.1", admin_port));
+    let token_file = dir.0.join("data").join(lanemq_admin::TOKEN_FILE).exists();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(refused.is_err(), "the admin API answers despite --http off");
+    assert!(!token_file, "no token is generated when the API is off");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
