@@ -1654,7 +1654,7 @@ impl Conn {
                 if let Some(note) = pending_note {
                     reasons.push(format!("{filter}: {note}"));
                 }
-                if !self.feeders.get(filter).is_some_and(|j| !j.is_finished()) {
+                if self.feeders.get(filter).is_none_or(|j| j.is_finished()) {
                     self.start_feeder(old.clone());
                 }
                 return (options.qos.as_u8(), None);

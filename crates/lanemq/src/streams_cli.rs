@@ -56,6 +56,7 @@ enum StreamsCommand {
     /// Change a stream: the JSON body replaces the definition; flags are merged over the
     /// current definition (topic_filter and is_lastvalue cannot change).
     Update {
+        #[arg(id = "stream", value_name = "NAME")]
         name: String,
         #[command(flatten)]
         fields: StreamFields,

@@ -403,10 +403,17 @@ impl Engine {
                 Ok(_) => Ok(()),
                 Err(e) => Err(e),
             };
-            r.map_err(|error| OpenError::Config {
-                name: def.name.clone(),
-                error,
-            })?;
+            match r {
+                // Settings stored through the REST API win over `[streams_config]`; a stream
+                // they refuse is reported and skipped, it does not keep the broker down.
+                Err(error @ (StreamError::Disabled | StreamError::MaxStreamCount(_))) => {
+                    warn!(stream = %def.name, %error, "stream of the config file not created (settings stored through the REST API refuse it)");
+                }
+                r => r.map_err(|error| OpenError::Config {
+                    name: def.name.clone(),
+                    error,
+                })?,
+            }
         }
         info!(
             streams = engine.reg().by_name.len(),

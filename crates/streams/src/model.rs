@@ -1,5 +1,5 @@
 //! The stream resource and the global stream settings, as they appear in the config file
-//! (`[[streams.defs]]`, `[streams]`) and in REST bodies. Field names and defaults follow
+//! (`[[streams]]`, `[streams_config]`) and in REST bodies. Field names and defaults follow
 //! EMQX 6.1 (`docs/streams.md`); unknown fields are rejected.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -471,7 +471,8 @@ pub struct StreamStats {
     /// Arrival time (Unix µs) of the oldest / newest message held; `None` when empty.
     pub oldest_timestamp_us: Option<u64>,
     pub newest_timestamp_us: Option<u64>,
-    /// Stream subscriptions currently registered (online or not).
+    /// Stream subscriptions currently reading the stream (of connected clients; an offline
+    /// persistent session's subscription is counted again when it reconnects).
     pub subscribers: u64,
     /// Messages whose key could not be extracted (stored as regular messages).
     pub keyless_messages: u64,
@@ -494,13 +495,13 @@ pub enum StreamError {
     NotFound(String),
     #[error("stream {0:?} already exists")]
     AlreadyExists(String),
-    #[error("the limit of {0} streams is reached (streams.max_stream_count)")]
+    #[error("the limit of {0} streams is reached (streams_config.max_stream_count)")]
     MaxStreamCount(u32),
     #[error("invalid stream: {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))]
     Invalid(Vec<ValidationError>),
     #[error("{0} cannot be changed after creation")]
     Immutable(&'static str),
-    #[error("streams are disabled (streams.enable = false)")]
+    #[error("streams are disabled (streams_config.enable = false)")]
     Disabled,
     #[error("storage: {0}")]
     Storage(String),
