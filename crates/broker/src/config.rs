@@ -258,7 +258,7 @@ impl Default for StorageConfig {
             retention_max_bytes: 0,
             retention_interval_s: 60,
             truncate_corrupt: false,
-            index_cache_bytes: 8 * 1024 * 1024,
+            index_cache_bytes: 1024 * 1024,
         }
     }
 }
