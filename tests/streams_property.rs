@@ -1,0 +1,1136 @@
+//! Property test for named streams against the real `lanemq` binary: for random interleavings
+//! of publishes, subscribes at random offsets, disconnects / reconnects of persistent sessions
+//! and restarts (graceful and kill -9), each subscriber receives exactly the messages of the
+//! stream from its offset, per key in order.
+//!
+//! ```sh
+//! cargo build -p lanemq
+//! cargo nextest run -p lanemq-tests --test streams_property
+//! ```
+//!
+//! Environment: `PROPTEST_CASES` (default 12), `PROPTEST_RNG_SEED` (default a fixed seed, so a
+//! run is reproducible; set another to explore other sequences), `KEEP_TMP=1` (keep data dirs
+//! and broker logs), `LANEMQ_BIN` (see tests/common/child.rs).
+//!
+//! # The setup
+//!
+//! One broker per case with two regular streams, `s1` capturing `p/#` (key: the publisher's
+//! client id, the default `message.from`) and `s2` capturing `p/a/#` (key `message.topic`).
+//! Two publishers (`pubA`, `pubB`) publish QoS 1 to `p/a`, `p/a/x`, `p/b`, `p/b/y`, `p` and `q/z`
+//! (in no stream); each PUBLISH waits for its PUBACK, so the model knows the total publish order
+//! and every message it expects was acknowledged (also before a kill -9; fsync `always`). The
+//! payload `m<seq>` is unique. Up to five subscribers subscribe `$stream/<name>` at QoS 1 with
+//! `stream-offset` = `earliest`, `latest`, a timestamp (the client clock now, or the `ts` of a
+//! message some subscriber received, −1 / ±0 / +1 µs) or `@<position>` of a message a subscriber
+//! of that stream received. A subscriber is either a clean session (it ends at a restart or at
+//! its disconnect) or a persistent session (clean start, session expiry 3600 s) that
+//! disconnects and reconnects with clean start = false. A persistent subscriber may lag its
+//! PUBACKs by up to 2 messages, so disconnects and restarts happen with received but
+//! unacknowledged messages.
+//!
+//! At the end every persistent session reconnects, an "oracle" subscriber per stream reads it
+//! from `earliest`, and the positions and timestamps it reports define the exact expectation.
+//!
+//! # What is checked
+//!
+//! - Oracle: each stream holds exactly the acknowledged publishes whose topic its filter
+//!   matches, once each; positions increase and `ts` does not decrease in publish order; `ts`
+//!   lies between the client clock before the PUBLISH and after its PUBACK; `key` is the
+//!   publisher's client id (`s1`) or the topic (`s2`); topics are the original ones.
+//! - Each subscriber of stream S with offset O receives, as a set, exactly the messages of S
+//!   that match O — `earliest`: all; `latest`: those published after its SUBACK; timestamp t:
+//!   `ts >= t`; `@n`: position `> n` — limited, for a clean session, to those published before
+//!   its session ended. Every delivery carries the same position, `ts`, key and topic as the
+//!   oracle's.
+//! - No duplicate within one connection. A message received again on a later connection of a
+//!   persistent session is allowed only if (a) no earlier receipt of it was acknowledged (QoS 1
+//!   redelivery), or (b) a kill -9 happened after its last acknowledged receipt (the stored
+//!   position may lag the acknowledgements by the save interval). Acknowledged means: PUBACK
+//!   sent before a DISCONNECT, or confirmed by a PINGREQ/PINGRESP round trip before a SIGTERM.
+//!   Graceful restarts and reconnects therefore must resume exactly after the last acknowledged
+//!   message.
+//! - Per key, the first receipts are in publish order, and within one connection every key's
+//!   messages (redeliveries included) are in publish order.
+//! - A persistent session finds its session present after each reconnect, and every expected
+//!   message ends up acknowledged (a withheld PUBACK leads to a redelivery).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+#[allow(dead_code)] // shared with tests/kill9.rs and tests/durability_restart.rs
+#[path = "common/child.rs"]
+mod child;
+
+use child::Broker;
+use common::{connect_v5, stream_offset_of, sub_opts, user_prop, RawClient, RecvError};
+use lanemq_protocol::{Connect, Packet, PubResp, Publish, QoS};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PtConfig, RngSeed, TestCaseError};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const ACL: &str = "default allow\n";
+const CONFIG: &str = "[storage]\nfsync = \"always\"\n\n\
+    [[streams]]\nname = \"s1\"\ntopic_filter = \"p/#\"\n\n\
+    [[streams]]\nname = \"s2\"\ntopic_filter = \"p/a/#\"\nkey_expression = \"message.topic\"\n\n";
+
+struct StreamSpec {
+    name: &'static str,
+    /// The filter is `<prefix>/#`.
+    prefix: &'static str,
+    key_by_topic: bool,
+}
+
+const STREAMS: [StreamSpec; 2] = [
+    StreamSpec {
+        name: "s1",
+        prefix: "p",
+        key_by_topic: false,
+    },
+    StreamSpec {
+        name: "s2",
+        prefix: "p/a",
+        key_by_topic: true,
+    },
+];
+
+const TOPICS: [&str; 6] = ["p/a", "p/a/x", "p/b", "p/b/y", "p", "q/z"];
+const PUBLISHERS: [&str; 2] = ["pubA", "pubB"];
+const MAX_SUBS: usize = 5;
+const SESSION_EXPIRY_S: u32 = 3600;
+/// The whole case, including the final checks.
+const CASE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a subscriber may take to receive what it must have.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+const DEFAULT_CASES: u32 = 12;
+const DEFAULT_SEED: u64 = 0x5eed_0005_74ea_4d5;
+
+/// Does stream `s` (filter `<prefix>/#`) capture `topic`? (Written out rather than taken
+/// from the broker's matcher, which is under test.)
+fn captures(s: usize, topic: &str) -> bool {
+    let p = STREAMS[s].prefix;
+    topic == p || topic.strip_prefix(p).is_some_and(|r| r.starts_with('/'))
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+// --- operations -------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Offset {
+    Earliest,
+    Latest,
+    /// The client clock at SUBSCRIBE.
+    Now,
+    /// `ts + delta` of one message some subscriber received (`pick` modulo their number).
+    TsOfSeen { pick: usize, delta: i8 },
+    /// `@<position>` of one message a subscriber of the same stream received.
+    AfterSeen { pick: usize },
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Publish {
+        publisher: usize,
+        topic: usize,
+        count: usize,
+    },
+    Subscribe {
+        stream: usize,
+        offset: Offset,
+        persistent: bool,
+        /// PUBACKs a persistent subscriber holds back (the newest ones).
+        lag: usize,
+    },
+    /// One of the connected subscribers (`sub` modulo their number).
+    Disconnect { sub: usize },
+    /// One of the disconnected persistent subscribers.
+    Reconnect { sub: usize },
+    /// SIGTERM (or kill -9) and start again; `reconnect`: the persistent subscribers that were
+    /// connected reconnect at once.
+    Restart { kill: bool, reconnect: bool },
+}
+
+fn offset_strategy() -> impl Strategy<Value = Offset> {
+    prop_oneof![
+        Just(Offset::Earliest),
+        Just(Offset::Latest),
+        Just(Offset::Now),
+        (0..64usize, -1i8..=1).prop_map(|(pick, delta)| Offset::TsOfSeen { pick, delta }),
+        (0..64usize).prop_map(|pick| Offset::AfterSeen { pick }),
+    ]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..PUBLISHERS.len(), 0..TOPICS.len(), 1..5usize)
+            .prop_map(|(publisher, topic, count)| Op::Publish { publisher, topic, count }),
+        3 => (0..STREAMS.len(), offset_strategy(), any::<bool>(), 0..3usize).prop_map(
+            |(stream, offset, persistent, lag)| Op::Subscribe { stream, offset, persistent, lag }
+        ),
+        1 => (0..8usize).prop_map(|sub| Op::Disconnect { sub }),
+        1 => (0..8usize).prop_map(|sub| Op::Reconnect { sub }),
+        1 => (any::<bool>(), any::<bool>())
+            .prop_map(|(kill, reconnect)| Op::Restart { kill, reconnect }),
+    ]
+}
+
+// --- the model ----------------------------------------------------------------------------------
+
+/// One acknowledged publish; its payload is `m<seq>` (`seq` = index in `Case::pubs`).
+struct Pub {
+    topic: &'static str,
+    publisher: usize,
+    sent_us: u64,
+    acked_us: u64,
+}
+
+/// A subscription's start, resolved when it was made.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    Earliest,
+    /// `before` publishes were acknowledged before the SUBACK.
+    Latest { before: usize },
+    /// Messages with `ts >= t`; those from `sure_from` on certainly qualify.
+    Ts { t: u64, sure_from: usize },
+    /// Messages at positions after `pos`, the position of `m<seq>`.
+    After { pos: u64, seq: usize },
+}
+
+/// One received PUBLISH.
+#[derive(Debug, Clone)]
+struct Got {
+    seq: usize,
+    pos: u64,
+    ts: u64,
+    key: Option<String>,
+    topic: String,
+    packet_id: u16,
+    /// Connection number of the subscriber (persistent sessions reconnect).
+    epoch: usize,
+    /// kill -9s before it was received.
+    kills: usize,
+    acked: bool,
+}
+
+struct Sub {
+    client_id: String,
+    stream: usize,
+    persistent: bool,
+    lag: usize,
+    start: Start,
+    offset_text: String,
+    conn: Option<RawClient>,
+    epoch: usize,
+    got: Vec<Got>,
+    /// A clean session: how many publishes there were when it ended.
+    ended_at: Option<usize>,
+}
+
+impl Sub {
+    fn label(&self) -> String {
+        format!(
+            "{} ({}, {}, stream-offset {}{})",
+            self.client_id,
+            STREAMS[self.stream].name,
+            if self.persistent {
+                format!("persistent, ack lag {}", self.lag)
+            } else {
+                "clean".to_string()
+            },
+            self.offset_text,
+            match self.start {
+                Start::After { seq, .. } => format!(" = m{seq}"),
+                Start::Latest { before } => format!(" = from m{before}"),
+                Start::Ts { sure_from, .. } => format!(" ~ from m{sure_from}"),
+                Start::Earliest => String::new(),
+            }
+        )
+    }
+
+    fn received(&self) -> BTreeSet<usize> {
+        self.got.iter().map(|g| g.seq).collect()
+    }
+
+    fn acked(&self) -> BTreeSet<usize> {
+        self.got.iter().filter(|g| g.acked).map(|g| g.seq).collect()
+    }
+
+    /// What it received, per connection: `m3 m4* ...` (`*`: not acknowledged).
+    fn history(&self) -> String {
+        let mut s = String::new();
+        let mut epoch = usize::MAX;
+        for g in &self.got {
+            if g.epoch != epoch {
+                epoch = g.epoch;
+                let _ = write!(s, " | conn {epoch}:");
+            }
+            let _ = write!(s, " m{}{}", g.seq, if g.acked { "" } else { "*" });
+        }
+        s
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Ack {
+    /// Everything received on the current connection.
+    All,
+    /// All but the newest `lag` (persistent subscribers).
+    Lagged,
+}
+
+fn seqs(s: &BTreeSet<usize>) -> String {
+    let v: Vec<String> = s.iter().map(|i| format!("m{i}")).collect();
+    format!("[{}]", v.join(" "))
+}
+
+fn persistent_connect(id: &str, clean_start: bool) -> Connect {
+    let mut c = connect_v5(id);
+    c.clean_start = clean_start;
+    c.properties.session_expiry_interval = Some(SESSION_EXPIRY_S);
+    c
+}
+
+fn parse_got(p: &Publish, epoch: usize, kills: usize) -> Result<Got, String> {
+    let text = String::from_utf8(p.payload.to_vec()).map_err(|_| format!("payload {p:?}"))?;
+    let seq = text
+        .strip_prefix('m')
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("unexpected payload {text:?} on {}", p.topic))?;
+    if p.qos != QoS::AtLeastOnce || p.packet_id == 0 {
+        return Err(format!("m{seq} delivered with {:?} / packet id {}", p.qos, p.packet_id));
+    }
+    let ts = user_prop(p, "ts")
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| format!("m{seq}: no numeric ts user property ({p:?})"))?;
+    Ok(Got {
+        seq,
+        pos: stream_offset_of(p),
+        ts,
+        key: user_prop(p, "key").map(str::to_string),
+        topic: p.topic.clone(),
+        packet_id: p.packet_id,
+        epoch,
+        kills,
+        acked: false,
+    })
+}
+
+struct Case {
+    broker: Broker,
+    pubs: Vec<Pub>,
+    publishers: Vec<Option<RawClient>>,
+    subs: Vec<Sub>,
+    kills: usize,
+    restarts: usize,
+    trace: Arc<Mutex<String>>,
+    /// Problems found while running (checked at the end with the rest).
+    problems: Vec<String>,
+}
+
+impl Case {
+    fn log(&self, line: String) {
+        let mut t = self.trace.lock().unwrap();
+        t.push_str(&line);
+        t.push('\n');
+    }
+
+    fn problem(&mut self, p: String) {
+        self.log(format!("   PROBLEM: {p}"));
+        self.problems.push(p);
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        self.broker.addr
+    }
+
+    // --- receiving -----------------------------------------------------------------------------
+
+    /// Read what subscriber `i` was sent (until `wait` passes without a packet), then
+    /// acknowledge per `ack`.
+    async fn pump(&mut self, i: usize, wait: Duration, ack: Ack) {
+        let kills = self.kills;
+        let sub = &mut self.subs[i];
+        let Some(conn) = sub.conn.as_mut() else {
+            return;
+        };
+        let mut trouble = None;
+        loop {
+            match conn.try_recv(wait).await {
+                Ok(Packet::Publish(p)) => match parse_got(&p, sub.epoch, kills) {
+                    Ok(g) => sub.got.push(g),
+                    Err(e) => trouble = Some(format!("{}: {e}", sub.client_id)),
+                },
+                Ok(other) => {
+                    trouble = Some(format!("{}: unexpected {other:?}", sub.client_id));
+                    break;
+                }
+                Err(RecvError::Timeout) => break,
+                Err(e) => {
+                    trouble = Some(format!("{}: connection lost ({e:?})", sub.client_id));
+                    sub.conn = None;
+                    break;
+                }
+            }
+        }
+        if let Some(t) = trouble {
+            self.problem(t);
+        }
+        self.ack(i, ack).await;
+    }
+
+    async fn ack(&mut self, i: usize, ack: Ack) {
+        let sub = &mut self.subs[i];
+        let Some(conn) = sub.conn.as_mut() else {
+            return;
+        };
+        let epoch = sub.epoch;
+        let pending: Vec<usize> = (0..sub.got.len())
+            .filter(|&k| sub.got[k].epoch == epoch && !sub.got[k].acked)
+            .collect();
+        let keep = match ack {
+            Ack::All => 0,
+            Ack::Lagged => sub.lag,
+        };
+        let n = pending.len().saturating_sub(keep);
+        for &k in &pending[..n] {
+            conn.send(Packet::PubAck(PubResp::new(sub.got[k].packet_id, 0)))
+                .await;
+            sub.got[k].acked = true;
+        }
+    }
+
+    /// A short read of every connected subscriber.
+    async fn pump_all(&mut self) {
+        for i in 0..self.subs.len() {
+            let ack = if self.subs[i].persistent {
+                Ack::Lagged
+            } else {
+                Ack::All
+            };
+            self.pump(i, Duration::from_millis(2), ack).await;
+        }
+    }
+
+    /// The messages subscriber `i` must have by now (a subset of what it should have: the
+    /// timestamp case is decided exactly at the end, from the oracle).
+    fn must_have(&self, i: usize) -> BTreeSet<usize> {
+        let sub = &self.subs[i];
+        let end = sub.ended_at.unwrap_or(self.pubs.len());
+        (0..end)
+            .filter(|&s| captures(sub.stream, self.pubs[s].topic))
+            .filter(|&s| match sub.start {
+                Start::Earliest => true,
+                Start::Latest { before } => s >= before,
+                Start::Ts { sure_from, .. } => s >= sure_from,
+                Start::After { seq, .. } => s > seq,
+            })
+            .collect()
+    }
+
+    /// Until subscriber `i` received (`acked`: acknowledged) every message of `must`, then a
+    /// short quiet read for anything extra. A timeout is noted; the final check tells what
+    /// is wrong.
+    async fn settle(&mut self, i: usize, must: &BTreeSet<usize>, ack: Ack, acked: bool) {
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            if self.subs[i].conn.is_none() {
+                return;
+            }
+            let have = if acked {
+                self.subs[i].acked()
+            } else {
+                self.subs[i].received()
+            };
+            if must.is_subset(&have) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let missing: BTreeSet<usize> = must.difference(&have).copied().collect();
+                let label = self.subs[i].label();
+                self.log(format!(
+                    "   {label}: still missing {} after {SETTLE_TIMEOUT:?}",
+                    seqs(&missing)
+                ));
+                break;
+            }
+            self.pump(i, Duration::from_millis(5), ack).await;
+        }
+        self.pump(i, Duration::from_millis(20), ack).await;
+    }
+
+    /// PINGREQ/PINGRESP round trips until no PUBLISH precedes the PINGRESP: every PUBACK sent
+    /// was processed by the broker.
+    async fn sync(&mut self, i: usize, ack: Ack) {
+        for _ in 0..100 {
+            let kills = self.kills;
+            let sub = &mut self.subs[i];
+            let Some(conn) = sub.conn.as_mut() else {
+                return;
+            };
+            let more = conn.sync().await;
+            if more.is_empty() {
+                return;
+            }
+            let mut errors = Vec::new();
+            for p in &more {
+                match parse_got(p, sub.epoch, kills) {
+                    Ok(g) => sub.got.push(g),
+                    Err(e) => errors.push(format!("{}: {e}", sub.client_id)),
+                }
+            }
+            for e in errors {
+                self.problem(e);
+            }
+            self.ack(i, ack).await;
+        }
+    }
+
+    /// After the server closed (or is closing) subscriber `i`'s connection: read what is left
+    /// (recorded as not acknowledged) until the close.
+    async fn drain_closed(&mut self, i: usize) {
+        let kills = self.kills;
+        let sub = &mut self.subs[i];
+        let Some(mut conn) = sub.conn.take() else {
+            return;
+        };
+        loop {
+            match conn.try_recv(Duration::from_millis(2_000)).await {
+                Ok(Packet::Publish(p)) => {
+                    if let Ok(g) = parse_got(&p, sub.epoch, kills) {
+                        sub.got.push(g);
+                    }
+                }
+                Ok(Packet::Disconnect(_)) | Ok(Packet::PingResp) => {}
+                Ok(other) => {
+                    let id = sub.client_id.clone();
+                    self.problem(format!("{id}: unexpected {other:?} while closing"));
+                    return;
+                }
+                Err(RecvError::Timeout) => {
+                    let id = sub.client_id.clone();
+                    self.problem(format!("{id}: connection not closed within 2 s"));
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    // --- operations ----------------------------------------------------------------------------
+
+    async fn publish(&mut self, publisher: usize, topic: usize, count: usize) {
+        if self.publishers[publisher].is_none() {
+            let c = RawClient::connect_ok(self.addr(), connect_v5(PUBLISHERS[publisher])).await;
+            self.publishers[publisher] = Some(c);
+        }
+        let first = self.pubs.len();
+        let topic = TOPICS[topic];
+        for _ in 0..count {
+            let seq = self.pubs.len();
+            let c = self.publishers[publisher].as_mut().unwrap();
+            let sent_us = now_us();
+            let code = c.publish_qos1(topic, format!("m{seq}").as_bytes()).await;
+            let acked_us = now_us();
+            assert!(code < 0x80, "PUBACK 0x{code:02X} for m{seq}");
+            self.pubs.push(Pub {
+                topic,
+                publisher,
+                sent_us,
+                acked_us,
+            });
+        }
+        self.log(format!(
+            "publish {} {topic}: m{first}..=m{}",
+            PUBLISHERS[publisher],
+            self.pubs.len() - 1
+        ));
+    }
+
+    /// Every distinct message subscribers received, in publish order (of `stream`, if given).
+    fn seen(&self, stream: Option<usize>) -> Vec<Got> {
+        let mut m: BTreeMap<usize, Got> = BTreeMap::new();
+        for s in &self.subs {
+            if stream.is_some_and(|st| st != s.stream) {
+                continue;
+            }
+            for g in &s.got {
+                m.entry(g.seq).or_insert_with(|| g.clone());
+            }
+        }
+        m.into_values().collect()
+    }
+
+    async fn subscribe(&mut self, stream: usize, offset: &Offset, persistent: bool, lag: usize) {
+        if self.subs.len() >= MAX_SUBS {
+            self.log(format!("subscribe {offset:?}: skipped ({MAX_SUBS} subscribers)"));
+            return;
+        }
+        let n = self.pubs.len();
+        let (start, text) = match *offset {
+            Offset::Earliest => (Start::Earliest, "earliest".to_string()),
+            Offset::Latest => (Start::Latest { before: n }, "latest".to_string()),
+            Offset::Now => {
+                let t = now_us();
+                (Start::Ts { t, sure_from: n }, t.to_string())
+            }
+            Offset::TsOfSeen { pick, delta } => {
+                let seen = self.seen(None);
+                if seen.is_empty() {
+                    (Start::Earliest, "earliest".to_string())
+                } else {
+                    let g = &seen[pick % seen.len()];
+                    let t = g.ts.saturating_add_signed(i64::from(delta));
+                    let sure_from = if delta <= 0 { g.seq } else { g.seq + 1 };
+                    (Start::Ts { t, sure_from }, t.to_string())
+                }
+            }
+            Offset::AfterSeen { pick } => {
+                let seen = self.seen(Some(stream));
+                if seen.is_empty() {
+                    (Start::Earliest, "earliest".to_string())
+                } else {
+                    let g = &seen[pick % seen.len()];
+                    (
+                        Start::After {
+                            pos: g.pos,
+                            seq: g.seq,
+                        },
+                        format!("@{}", g.pos),
+                    )
+                }
+            }
+        };
+        let i = self.subs.len();
+        let client_id = format!("sub{i}");
+        let connect = if persistent {
+            persistent_connect(&client_id, true)
+        } else {
+            connect_v5(&client_id)
+        };
+        let mut conn = RawClient::connect_ok(self.addr(), connect).await;
+        let filter = format!("$stream/{}", STREAMS[stream].name);
+        let ack = conn
+            .subscribe_props(
+                &[(filter.as_str(), sub_opts(QoS::AtLeastOnce))],
+                Some(u32::try_from(i).unwrap() + 1),
+                &[("stream-offset", text.as_str())],
+            )
+            .await;
+        assert_eq!(ack.reason_codes, vec![1], "SUBACK for {filter}: {ack:?}");
+        self.subs.push(Sub {
+            client_id,
+            stream,
+            persistent,
+            lag: if persistent { lag } else { 0 },
+            start,
+            offset_text: text,
+            conn: Some(conn),
+            epoch: 0,
+            got: Vec::new(),
+            ended_at: None,
+        });
+        let label = self.subs[i].label();
+        self.log(format!("subscribe {label}"));
+    }
+
+    async fn disconnect(&mut self, pick: usize) {
+        let connected: Vec<usize> = (0..self.subs.len())
+            .filter(|&i| self.subs[i].conn.is_some())
+            .collect();
+        if connected.is_empty() {
+            self.log("disconnect: nobody connected".to_string());
+            return;
+        }
+        let i = connected[pick % connected.len()];
+        if self.subs[i].persistent {
+            self.pump(i, Duration::from_millis(5), Ack::Lagged).await;
+        } else {
+            let must = self.must_have(i);
+            self.settle(i, &must, Ack::All, false).await;
+            self.subs[i].ended_at = Some(self.pubs.len());
+        }
+        let unacked = self.subs[i]
+            .got
+            .iter()
+            .filter(|g| g.epoch == self.subs[i].epoch && !g.acked)
+            .count();
+        let label = self.subs[i].label();
+        self.log(format!(
+            "disconnect {label} ({unacked} received, not acknowledged)"
+        ));
+        if let Some(c) = self.subs[i].conn.as_mut() {
+            c.send(Packet::Disconnect(lanemq_protocol::Disconnect::new(0)))
+                .await;
+        }
+        self.drain_closed(i).await;
+    }
+
+    async fn reconnect_sub(&mut self, i: usize) {
+        let sub = &mut self.subs[i];
+        let (conn, ack) =
+            RawClient::connect_ack(self.broker.addr, persistent_connect(&sub.client_id, false))
+                .await;
+        sub.conn = Some(conn);
+        sub.epoch += 1;
+        let label = sub.label();
+        if !ack.session_present {
+            self.problem(format!("{label}: session not present on reconnect ({ack:?})"));
+        }
+        self.log(format!("reconnect {label}"));
+    }
+
+    async fn reconnect(&mut self, pick: usize) {
+        let offline: Vec<usize> = (0..self.subs.len())
+            .filter(|&i| self.subs[i].persistent && self.subs[i].conn.is_none())
+            .collect();
+        if offline.is_empty() {
+            self.log("reconnect: no persistent subscriber offline".to_string());
+            return;
+        }
+        self.reconnect_sub(offline[pick % offline.len()]).await;
+    }
+
+    async fn restart(&mut self, kill: bool, reconnect: bool) {
+        let connected: Vec<usize> = (0..self.subs.len())
+            .filter(|&i| self.subs[i].conn.is_some())
+            .collect();
+        for &i in &connected {
+            let (ack, must) = if self.subs[i].persistent {
+                (Ack::Lagged, BTreeSet::new())
+            } else {
+                (Ack::All, self.must_have(i))
+            };
+            // Clean sessions end here: they must have everything published so far.
+            self.settle(i, &must, ack, false).await;
+            self.sync(i, ack).await;
+        }
+        for p in &mut self.publishers {
+            *p = None;
+        }
+        self.log(format!(
+            "restart {}{}",
+            if kill { "kill -9" } else { "SIGTERM" },
+            if reconnect { ", persistent subscribers reconnect" } else { "" }
+        ));
+        if kill {
+            self.broker.kill9();
+        } else {
+            let status = self.broker.terminate().await;
+            if !status.success() {
+                self.problem(format!("exit status after SIGTERM: {status}"));
+            }
+        }
+        for &i in &connected {
+            self.drain_closed(i).await;
+            if !self.subs[i].persistent {
+                self.subs[i].ended_at = Some(self.pubs.len());
+            }
+        }
+        self.restarts += 1;
+        if kill {
+            self.kills += 1;
+        }
+        self.broker.restart().await;
+        if reconnect {
+            for &i in &connected {
+                if self.subs[i].persistent {
+                    self.reconnect_sub(i).await;
+                }
+            }
+        }
+    }
+
+    // --- the end -------------------------------------------------------------------------------
+
+    /// Read stream `s` from `earliest` with a fresh client: position and `ts` of each message.
+    async fn oracle(&mut self, s: usize) -> BTreeMap<usize, Got> {
+        let want: BTreeSet<usize> = (0..self.pubs.len())
+            .filter(|&q| captures(s, self.pubs[q].topic))
+            .collect();
+        let name = STREAMS[s].name;
+        let mut c = RawClient::connect_ok(self.addr(), connect_v5(&format!("oracle-{name}"))).await;
+        let filter = format!("$stream/{name}");
+        let ack = c
+            .subscribe_props(
+                &[(filter.as_str(), sub_opts(QoS::AtLeastOnce))],
+                None,
+                &[("stream-offset", "earliest")],
+            )
+            .await;
+        assert_eq!(ack.reason_codes, vec![1], "oracle SUBACK: {ack:?}");
+        let mut got: Vec<Got> = Vec::new();
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        loop {
+            let have: BTreeSet<usize> = got.iter().map(|g| g.seq).collect();
+            let wait = if want.is_subset(&have) || Instant::now() >= deadline {
+                100
+            } else {
+                500
+            };
+            match c.try_recv(Duration::from_millis(wait)).await {
+                Ok(Packet::Publish(p)) => {
+                    c.send(Packet::PubAck(PubResp::new(p.packet_id, 0))).await;
+                    match parse_got(&p, 0, 0) {
+                        Ok(g) => got.push(g),
+                        Err(e) => self.problem(format!("oracle {name}: {e}")),
+                    }
+                }
+                Ok(other) => {
+                    self.problem(format!("oracle {name}: unexpected {other:?}"));
+                    break;
+                }
+                Err(RecvError::Timeout) if want.is_subset(&have) || Instant::now() >= deadline => {
+                    break
+                }
+                Err(RecvError::Timeout) => {}
+                Err(e) => {
+                    self.problem(format!("oracle {name}: connection lost ({e:?})"));
+                    break;
+                }
+            }
+        }
+        c.disconnect().await;
+        // The stream holds exactly the acknowledged publishes its filter matches, once each.
+        let mut by_seq: BTreeMap<usize, Got> = BTreeMap::new();
+        for g in &got {
+            if by_seq.insert(g.seq, g.clone()).is_some() {
+                self.problem(format!("oracle {name}: m{} delivered twice", g.seq));
+            }
+        }
+        let have: BTreeSet<usize> = by_seq.keys().copied().collect();
+        let missing: BTreeSet<usize> = want.difference(&have).copied().collect();
+        let extra: BTreeSet<usize> = have.difference(&want).copied().collect();
+        if !missing.is_empty() {
+            self.problem(format!(
+                "oracle {name}: acknowledged publishes missing from the stream: {}",
+                seqs(&missing)
+            ));
+        }
+        if !extra.is_empty() {
+            self.problem(format!(
+                "oracle {name}: messages not captured by the filter: {}",
+                seqs(&extra)
+            ));
+        }
+        let mut prev: Option<&Got> = None;
+        for g in by_seq.values() {
+            let Some(p) = self.pubs.get(g.seq) else {
+                continue;
+            };
+            let key = if STREAMS[s].key_by_topic {
+                p.topic
+            } else {
+                PUBLISHERS[p.publisher]
+            };
+            let mut bad = Vec::new();
+            if g.topic != p.topic {
+                bad.push(format!("topic {:?} (published to {:?})", g.topic, p.topic));
+            }
+            if g.key.as_deref() != Some(key) {
+                bad.push(format!("key {:?} (expected {key:?})", g.key));
+            }
+            if g.ts < p.sent_us || g.ts > p.acked_us {
+                bad.push(format!(
+                    "ts {} outside [{}, {}] (PUBLISH sent .. PUBACK received)",
+                    g.ts, p.sent_us, p.acked_us
+                ));
+            }
+            if let Some(q) = prev {
+                if g.pos <= q.pos {
+                    bad.push(format!("position @{} after m{} @{}", g.pos, q.seq, q.pos));
+                }
+                if g.ts < q.ts {
+                    bad.push(format!("ts {} before m{}'s {}", g.ts, q.seq, q.ts));
+                }
+            }
+            if !bad.is_empty() {
+                self.problem(format!("oracle {name}: m{}: {}", g.seq, bad.join("; ")));
+            }
+            prev = Some(g);
+        }
+        by_seq
+    }
+
+    /// Exactly what subscriber `i` should have received.
+    fn expected(&self, i: usize, oracle: &[BTreeMap<usize, Got>]) -> BTreeSet<usize> {
+        let sub = &self.subs[i];
+        let o = &oracle[sub.stream];
+        let end = sub.ended_at.unwrap_or(self.pubs.len());
+        (0..end)
+            .filter(|&s| captures(sub.stream, self.pubs[s].topic))
+            .filter(|&s| match sub.start {
+                Start::Earliest => true,
+                Start::Latest { before } => s >= before,
+                // A message the oracle lost: already reported; judged by the sure bound.
+                Start::Ts { t, sure_from } => o.get(&s).map_or(s >= sure_from, |g| g.ts >= t),
+                Start::After { pos, seq } => o.get(&s).map_or(s > seq, |g| g.pos > pos),
+            })
+            .collect()
+    }
+
+    fn check_sub(&self, i: usize, oracle: &[BTreeMap<usize, Got>]) -> Vec<String> {
+        let sub = &self.subs[i];
+        let want = self.expected(i, oracle);
+        let have = sub.received();
+        let mut bad = Vec::new();
+        let missing: BTreeSet<usize> = want.difference(&have).copied().collect();
+        let extra: BTreeSet<usize> = have.difference(&want).copied().collect();
+        if !missing.is_empty() {
+            bad.push(format!("missing {}", seqs(&missing)));
+        }
+        if !extra.is_empty() {
+            bad.push(format!("not expected {}", seqs(&extra)));
+        }
+        if sub.persistent {
+            let never: BTreeSet<usize> = want
+                .intersection(&have)
+                .filter(|s| !sub.acked().contains(s))
+                .copied()
+                .collect();
+            if !never.is_empty() {
+                bad.push(format!(
+                    "received but never redelivered after the PUBACK was withheld: {}",
+                    seqs(&never)
+                ));
+            }
+        }
+        // The same position, ts, key and topic as the oracle's.
+        for g in &sub.got {
+            if let Some(o) = oracle[sub.stream].get(&g.seq) {
+                if (g.pos, g.ts, &g.key, &g.topic) != (o.pos, o.ts, &o.key, &o.topic) {
+                    bad.push(format!(
+                        "m{}: @{} ts {} key {:?} topic {} (oracle: @{} ts {} key {:?} topic {})",
+                        g.seq, g.pos, g.ts, g.key, g.topic, o.pos, o.ts, o.key, o.topic
+                    ));
+                }
+            }
+        }
+        // Duplicates.
+        for (k, g) in sub.got.iter().enumerate() {
+            let earlier: Vec<&Got> = sub.got[..k].iter().filter(|e| e.seq == g.seq).collect();
+            if earlier.is_empty() {
+                continue;
+            }
+            if earlier.iter().any(|e| e.epoch == g.epoch) {
+                bad.push(format!(
+                    "m{} received twice on connection {}",
+                    g.seq, g.epoch
+                ));
+                continue;
+            }
+            if let Some(a) = earlier.iter().rev().find(|e| e.acked) {
+                if g.kills <= a.kills {
+                    bad.push(format!(
+                        "m{} redelivered on connection {} although acknowledged on \
+                         connection {} (no kill -9 in between)",
+                        g.seq, g.epoch, a.epoch
+                    ));
+                }
+            }
+        }
+        // Per key order: first receipts, and everything within one connection.
+        let key_of = |g: &Got| g.key.clone().unwrap_or_default();
+        let mut first: BTreeMap<String, usize> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        let mut in_conn: BTreeMap<(usize, String), usize> = BTreeMap::new();
+        for g in &sub.got {
+            if seen.insert(g.seq) {
+                if let Some(&p) = first.get(&key_of(g)) {
+                    if g.seq < p {
+                        bad.push(format!(
+                            "key {:?}: m{} first received after m{p}",
+                            key_of(g),
+                            g.seq
+                        ));
+                    }
+                }
+                first.insert(key_of(g), g.seq);
+            }
+            if let Some(&p) = in_conn.get(&(g.epoch, key_of(g))) {
+                if g.seq <= p {
+                    bad.push(format!(
+                        "key {:?}: m{} after m{p} on connection {}",
+                        key_of(g),
+                        g.seq,
+                        g.epoch
+                    ));
+                }
+            }
+            in_conn.insert((g.epoch, key_of(g)), g.seq);
+        }
+        if bad.is_empty() {
+            return bad;
+        }
+        vec![format!(
+            "{}: {}\n      expected {}\n      received{}",
+            sub.label(),
+            bad.join("; "),
+            seqs(&want),
+            sub.history()
+        )]
+    }
+
+    async fn finish(&mut self) -> Vec<String> {
+        for i in 0..self.subs.len() {
+            if self.subs[i].persistent && self.subs[i].conn.is_none() {
+                self.reconnect_sub(i).await;
+            }
+        }
+        let mut oracle = Vec::new();
+        for s in 0..STREAMS.len() {
+            oracle.push(self.oracle(s).await);
+        }
+        for i in 0..self.subs.len() {
+            if self.subs[i].conn.is_some() {
+                let want = self.expected(i, &oracle);
+                self.settle(i, &want, Ack::All, true).await;
+            }
+        }
+        // Anything late (duplicates) has a moment to arrive.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for i in 0..self.subs.len() {
+            self.pump(i, Duration::from_millis(5), Ack::All).await;
+        }
+        let mut problems = std::mem::take(&mut self.problems);
+        for i in 0..self.subs.len() {
+            problems.extend(self.check_sub(i, &oracle));
+        }
+        problems
+    }
+}
+
+async fn run_case(ops: Vec<Op>, trace: Arc<Mutex<String>>) -> Result<String, String> {
+    let started = Instant::now();
+    let broker = Broker::start_with_acl("streams-prop", ACL, CONFIG).await;
+    let mut case = Case {
+        broker,
+        pubs: Vec::new(),
+        publishers: vec![None, None],
+        subs: Vec::new(),
+        kills: 0,
+        restarts: 0,
+        trace,
+        problems: Vec::new(),
+    };
+    for (n, op) in ops.iter().enumerate() {
+        case.log(format!("#{n} {op:?}"));
+        match op {
+            Op::Publish {
+                publisher,
+                topic,
+                count,
+            } => case.publish(*publisher, *topic, *count).await,
+            Op::Subscribe {
+                stream,
+                offset,
+                persistent,
+                lag,
+            } => case.subscribe(*stream, offset, *persistent, *lag).await,
+            Op::Disconnect { sub } => case.disconnect(*sub).await,
+            Op::Reconnect { sub } => case.reconnect(*sub).await,
+            Op::Restart { kill, reconnect } => case.restart(*kill, *reconnect).await,
+        }
+        case.pump_all().await;
+    }
+    case.log("end: persistent subscribers reconnect, oracle reads".to_string());
+    let problems = case.finish().await;
+    if problems.is_empty() {
+        let redelivered: usize = case
+            .subs
+            .iter()
+            .map(|s| s.got.len() - s.received().len())
+            .sum();
+        Ok(format!(
+            "{} ops, {} publishes, {} subscribers, {} restarts ({} kill -9), {} redeliveries, {:?}",
+            ops.len(),
+            case.pubs.len(),
+            case.subs.len(),
+            case.restarts,
+            case.kills,
+            redelivered,
+            started.elapsed()
+        ))
+    } else {
+        Err(format!(
+            "{}\n--- broker log tail ---\n{}",
+            problems.join("\n"),
+            case.broker.log_tail(20)
+        ))
+    }
+}
+
+/// One proptest case: its own runtime and broker, a bounded time, and the resolved operation
+/// trace in the failure message.
+fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let trace = Arc::new(Mutex::new(String::new()));
+    let t = trace.clone();
+    let res = rt.block_on(async move {
+        tokio::spawn(async move { tokio::time::timeout(CASE_TIMEOUT, run_case(ops, t)).await })
+            .await
+    });
+    let trace = trace.lock().unwrap().clone();
+    let fail = |why: String| Err(TestCaseError::fail(format!("{why}\n--- trace ---\n{trace}")));
+    match res {
+        Ok(Ok(Ok(summary))) => {
+            eprintln!("case ok: {summary}");
+            Ok(())
+        }
+        Ok(Ok(Err(problems))) => fail(problems),
+        Ok(Err(_)) => fail(format!("the case did not finish within {CASE_TIMEOUT:?}")),
+        Err(join) => {
+            let why = match join.try_into_panic() {
+                Ok(p) => p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "panic".to_string()),
+                Err(e) => e.to_string(),
+            };
+            fail(format!("panicked: {why}"))
+        }
+    }
+}
+
+fn config() -> PtConfig {
+    let mut cfg = PtConfig {
+        cases: DEFAULT_CASES,
+        failure_persistence: None,
+        max_shrink_iters: 64,
+        max_shrink_time: 180_000,
+        ..PtConfig::default()
+    };
+    if let Some(n) = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.cases = n;
+    }
+    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+        cfg.rng_seed = RngSeed::Fixed(DEFAULT_SEED);
+    }
+    cfg
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn subscribers_get_exactly_their_stream_from_their_offset_per_key_in_order(
+        ops in prop::collection::vec(op_strategy(), 4..24)
+    ) {
+        check(ops)?;
+    }
+}
