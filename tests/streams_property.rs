@@ -723,6 +723,7 @@ impl Case {
         if kill {
             self.broker.kill9();
         } else {
+            signal_handlers_installed(&self.broker).await;
             let status = self.broker.terminate().await;
             if !status.success() {
                 self.problem(format!("exit status after SIGTERM: {status}"));
@@ -1007,6 +1008,26 @@ impl Case {
     }
 }
 
+/// Until the broker logged `lanemq ready` for its latest start, plus a moment: it installs its
+/// SIGTERM handler only after that, and a SIGTERM before kills it with the default action (a
+/// race of its own, reported separately; see `sigterm_right_after_start_is_graceful`).
+async fn signal_handlers_installed(b: &Broker) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let tail = b.log_tail(10_000);
+        let ready = tail.rfind("lanemq ready");
+        let opened = tail.rfind("log opened");
+        if ready.is_some() && ready > opened {
+            break;
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
 async fn run_case(ops: Vec<Op>, trace: Arc<Mutex<String>>) -> Result<String, String> {
     let started = Instant::now();
     let broker = Broker::start_with_acl("streams-prop", ACL, CONFIG).await;
@@ -1132,5 +1153,21 @@ proptest! {
         ops in prop::collection::vec(op_strategy(), 4..24)
     ) {
         check(ops)?;
+    }
+}
+
+/// A SIGTERM as soon as the port accepts connections must still stop the broker gracefully
+/// (exit status 0); the signal handlers are installed only after `Server::start` returned.
+#[ignore = "bug: SIGTERM right after the port accepts kills lanemq by the default action (signal handlers installed after Server::start)"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_right_after_start_is_graceful() {
+    let mut b = Broker::start_with_acl("streams-prop-sigterm", ACL, CONFIG).await;
+    for round in 0..200 {
+        let status = b.terminate().await;
+        assert!(
+            status.success(),
+            "round {round}: exit status after a SIGTERM right after start: {status}"
+        );
+        b.restart().await;
     }
 }
