@@ -74,7 +74,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const ACL: &str = "default allow\n";
 const CONFIG: &str = "[storage]\nfsync = \"always\"\n\n\
     [[streams]]\nname = \"s1\"\ntopic_filter = \"p/#\"\n\n\
-    [[streams]]\nname = \"s2\"\ntopic_filter = \"p/a/#\"\nkey_expression = \"message.topic\"\n\n";
+    [[streams]]\nname = \"s2\"\ntopic_filter = \"p/a/#\"\nkey_expression = \"message.topic\"\n\
+    read_max_unacked = 4\n\n";
 
 struct StreamSpec {
     name: &'static str,
@@ -142,12 +143,19 @@ enum Op {
         topic: usize,
         count: usize,
     },
+    /// Both publishers at once (each waits for its own PUBACKs), `count` messages each.
+    PublishBoth {
+        topics: (usize, usize),
+        count: usize,
+    },
     Subscribe {
         stream: usize,
         offset: Offset,
         persistent: bool,
         /// PUBACKs a persistent subscriber holds back (the newest ones).
         lag: usize,
+        /// Receive Maximum = lag + 2.
+        small_window: bool,
     },
     /// One of the connected subscribers (`sub` modulo their number).
     Disconnect { sub: usize },
@@ -172,9 +180,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0..PUBLISHERS.len(), 0..TOPICS.len(), 1..5usize)
             .prop_map(|(publisher, topic, count)| Op::Publish { publisher, topic, count }),
-        4 => (0..STREAMS.len(), offset_strategy(), any::<bool>(), 0..3usize).prop_map(
-            |(stream, offset, persistent, lag)| Op::Subscribe { stream, offset, persistent, lag }
-        ),
+        2 => (0..TOPICS.len(), 0..TOPICS.len(), 1..6usize)
+            .prop_map(|(a, b, count)| Op::PublishBoth { topics: (a, b), count }),
+        4 => (0..STREAMS.len(), offset_strategy(), any::<bool>(), 0..3usize, any::<bool>())
+            .prop_map(|(stream, offset, persistent, lag, small_window)| Op::Subscribe {
+                stream,
+                offset,
+                persistent,
+                lag,
+                small_window
+            }),
         1 => (0..8usize).prop_map(|sub| Op::Disconnect { sub }),
         1 => (0..8usize).prop_map(|sub| Op::Reconnect { sub }),
         1 => (any::<bool>(), any::<bool>())
@@ -188,6 +203,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 struct Pub {
     topic: &'static str,
     publisher: usize,
+    /// The operation that published it: messages of one batch may interleave (two
+    /// publishers at once), batches never do.
+    batch: usize,
     sent_us: u64,
     acked_us: u64,
 }
@@ -225,6 +243,7 @@ struct Sub {
     stream: usize,
     persistent: bool,
     lag: usize,
+    receive_maximum: Option<u16>,
     start: Start,
     offset_text: String,
     conn: Option<RawClient>,
@@ -237,13 +256,17 @@ struct Sub {
 impl Sub {
     fn label(&self) -> String {
         format!(
-            "{} ({}, {}, stream-offset {}{})",
+            "{} ({}, {}{}, stream-offset {}{})",
             self.client_id,
             STREAMS[self.stream].name,
             if self.persistent {
                 format!("persistent, ack lag {}", self.lag)
             } else {
                 "clean".to_string()
+            },
+            match self.receive_maximum {
+                Some(n) => format!(", receive maximum {n}"),
+                None => String::new(),
             },
             self.offset_text,
             match self.start {
@@ -291,10 +314,11 @@ fn seqs(s: &BTreeSet<usize>) -> String {
     format!("[{}]", v.join(" "))
 }
 
-fn persistent_connect(id: &str, clean_start: bool) -> Connect {
+fn persistent_connect(id: &str, clean_start: bool, receive_maximum: Option<u16>) -> Connect {
     let mut c = connect_v5(id);
     c.clean_start = clean_start;
     c.properties.session_expiry_interval = Some(SESSION_EXPIRY_S);
+    c.properties.receive_maximum = receive_maximum;
     c
 }
 
@@ -330,6 +354,8 @@ struct Case {
     subs: Vec<Sub>,
     kills: usize,
     restarts: usize,
+    /// Number of the operation running.
+    batch: usize,
     trace: Arc<Mutex<String>>,
     /// Problems found while running (checked at the end with the rest).
     problems: Vec<String>,
@@ -430,7 +456,7 @@ impl Case {
                 Start::Earliest => true,
                 Start::Latest { before } => s >= before,
                 Start::Ts { sure_from, .. } => s >= sure_from,
-                Start::After { seq, .. } => s > seq,
+                Start::After { seq, .. } => s >= self.batch_end(seq),
             })
             .collect()
     }
@@ -527,31 +553,69 @@ impl Case {
     // --- operations ----------------------------------------------------------------------------
 
     async fn publish(&mut self, publisher: usize, topic: usize, count: usize) {
-        if self.publishers[publisher].is_none() {
-            let c = RawClient::connect_ok(self.addr(), connect_v5(PUBLISHERS[publisher])).await;
-            self.publishers[publisher] = Some(c);
-        }
         let first = self.pubs.len();
+        let mut c = self.publisher(publisher).await;
         let topic = TOPICS[topic];
-        for _ in 0..count {
-            let seq = self.pubs.len();
-            let c = self.publishers[publisher].as_mut().unwrap();
-            let sent_us = now_us();
-            let code = c.publish_qos1(topic, format!("m{seq}").as_bytes()).await;
-            let acked_us = now_us();
-            assert!(code < 0x80, "PUBACK 0x{code:02X} for m{seq}");
-            self.pubs.push(Pub {
-                topic,
-                publisher,
-                sent_us,
-                acked_us,
-            });
-        }
+        let done = publish_seqs(&mut c, topic, first, count).await;
+        self.publishers[publisher] = Some(c);
+        self.record(publisher, topic, done);
         self.log(format!(
             "publish {} {topic}: m{first}..=m{}",
             PUBLISHERS[publisher],
             self.pubs.len() - 1
         ));
+    }
+
+    async fn publish_both(&mut self, topics: (usize, usize), count: usize) {
+        let first = self.pubs.len();
+        let (ta, tb) = (TOPICS[topics.0], TOPICS[topics.1]);
+        let mut a = self.publisher(0).await;
+        let mut b = self.publisher(1).await;
+        let (da, db) = tokio::join!(
+            publish_seqs(&mut a, ta, first, count),
+            publish_seqs(&mut b, tb, first + count, count)
+        );
+        self.publishers[0] = Some(a);
+        self.publishers[1] = Some(b);
+        self.record(0, ta, da);
+        self.record(1, tb, db);
+        self.log(format!(
+            "publish at once: {} {ta} m{first}..=m{}, {} {tb} m{}..=m{}",
+            PUBLISHERS[0],
+            first + count - 1,
+            PUBLISHERS[1],
+            first + count,
+            first + 2 * count - 1
+        ));
+    }
+
+    /// Publisher `i`'s connection (connected again after a restart).
+    async fn publisher(&mut self, i: usize) -> RawClient {
+        match self.publishers[i].take() {
+            Some(c) => c,
+            None => RawClient::connect_ok(self.addr(), connect_v5(PUBLISHERS[i])).await,
+        }
+    }
+
+    fn record(&mut self, publisher: usize, topic: &'static str, done: Vec<(u64, u64)>) {
+        for (sent_us, acked_us) in done {
+            self.pubs.push(Pub {
+                topic,
+                publisher,
+                batch: self.batch,
+                sent_us,
+                acked_us,
+            });
+        }
+    }
+
+    /// The first message of a later batch than `m<seq>`'s: from there on every message was
+    /// published after it.
+    fn batch_end(&self, seq: usize) -> usize {
+        let b = self.pubs[seq].batch;
+        (seq..self.pubs.len())
+            .find(|&q| self.pubs[q].batch != b)
+            .unwrap_or(self.pubs.len())
     }
 
     /// Every distinct message subscribers received, in publish order (of `stream`, if given).
@@ -568,7 +632,14 @@ impl Case {
         m.into_values().collect()
     }
 
-    async fn subscribe(&mut self, stream: usize, offset: &Offset, persistent: bool, lag: usize) {
+    async fn subscribe(
+        &mut self,
+        stream: usize,
+        offset: &Offset,
+        persistent: bool,
+        lag: usize,
+        small_window: bool,
+    ) {
         if self.subs.len() >= MAX_SUBS {
             self.log(format!("subscribe {offset:?}: skipped ({MAX_SUBS} subscribers)"));
             return;
@@ -588,7 +659,7 @@ impl Case {
                 } else {
                     let g = &seen[pick % seen.len()];
                     let t = g.ts.saturating_add_signed(i64::from(delta));
-                    let sure_from = if delta <= 0 { g.seq } else { g.seq + 1 };
+                    let sure_from = self.batch_end(g.seq);
                     (Start::Ts { t, sure_from }, t.to_string())
                 }
             }
@@ -610,10 +681,14 @@ impl Case {
         };
         let i = self.subs.len();
         let client_id = format!("sub{i}");
+        let lag = if persistent { lag } else { 0 };
+        let receive_maximum = small_window.then(|| u16::try_from(lag).unwrap() + 2);
         let connect = if persistent {
-            persistent_connect(&client_id, true)
+            persistent_connect(&client_id, true, receive_maximum)
         } else {
-            connect_v5(&client_id)
+            let mut c = connect_v5(&client_id);
+            c.properties.receive_maximum = receive_maximum;
+            c
         };
         let mut conn = RawClient::connect_ok(self.addr(), connect).await;
         let filter = format!("$stream/{}", STREAMS[stream].name);
@@ -629,7 +704,8 @@ impl Case {
             client_id,
             stream,
             persistent,
-            lag: if persistent { lag } else { 0 },
+            lag,
+            receive_maximum,
             start,
             offset_text: text,
             conn: Some(conn),
@@ -676,8 +752,11 @@ impl Case {
     async fn reconnect_sub(&mut self, i: usize) {
         let sub = &mut self.subs[i];
         let (conn, ack) =
-            RawClient::connect_ack(self.broker.addr, persistent_connect(&sub.client_id, false))
-                .await;
+            RawClient::connect_ack(
+                self.broker.addr,
+                persistent_connect(&sub.client_id, false, sub.receive_maximum),
+            )
+            .await;
         sub.conn = Some(conn);
         sub.epoch += 1;
         let label = sub.label();
@@ -821,11 +900,22 @@ impl Case {
                 seqs(&extra)
             ));
         }
-        let mut prev: Option<&Got> = None;
+        // Per publisher, and from one batch to the next, positions increase and ts does not
+        // decrease.
+        let mut prev: [Option<&Got>; 2] = [None, None];
+        let mut earlier_batches: Option<&Got> = None;
+        let mut this_batch: Vec<&Got> = Vec::new();
         for g in by_seq.values() {
             let Some(p) = self.pubs.get(g.seq) else {
                 continue;
             };
+            if this_batch
+                .first()
+                .is_some_and(|f| self.pubs[f.seq].batch != p.batch)
+            {
+                earlier_batches = this_batch.drain(..).max_by_key(|x| x.pos);
+            }
+            let publisher = p.publisher;
             let key = if STREAMS[s].key_by_topic {
                 p.topic
             } else {
@@ -844,7 +934,7 @@ impl Case {
                     g.ts, p.sent_us, p.acked_us
                 ));
             }
-            if let Some(q) = prev {
+            for q in [prev[p.publisher], earlier_batches].into_iter().flatten() {
                 if g.pos <= q.pos {
                     bad.push(format!("position @{} after m{} @{}", g.pos, q.seq, q.pos));
                 }
@@ -855,7 +945,8 @@ impl Case {
             if !bad.is_empty() {
                 self.problem(format!("oracle {name}: m{}: {}", g.seq, bad.join("; ")));
             }
-            prev = Some(g);
+            prev[publisher] = Some(g);
+            this_batch.push(g);
         }
         by_seq
     }
@@ -937,35 +1028,38 @@ impl Case {
                 }
             }
         }
-        // Per key order: first receipts, and everything within one connection.
+        // Per key, in log order (positions; per publisher that is publish order, see the
+        // oracle): first receipts, and everything within one connection.
         let key_of = |g: &Got| g.key.clone().unwrap_or_default();
-        let mut first: BTreeMap<String, usize> = BTreeMap::new();
+        let mut first: BTreeMap<String, &Got> = BTreeMap::new();
         let mut seen = BTreeSet::new();
-        let mut in_conn: BTreeMap<(usize, String), usize> = BTreeMap::new();
+        let mut in_conn: BTreeMap<(usize, String), &Got> = BTreeMap::new();
         for g in &sub.got {
             if seen.insert(g.seq) {
-                if let Some(&p) = first.get(&key_of(g)) {
-                    if g.seq < p {
+                if let Some(p) = first.get(&key_of(g)) {
+                    if g.pos < p.pos {
                         bad.push(format!(
-                            "key {:?}: m{} first received after m{p}",
+                            "key {:?}: m{} first received after m{}",
                             key_of(g),
-                            g.seq
+                            g.seq,
+                            p.seq
                         ));
                     }
                 }
-                first.insert(key_of(g), g.seq);
+                first.insert(key_of(g), g);
             }
-            if let Some(&p) = in_conn.get(&(g.epoch, key_of(g))) {
-                if g.seq <= p {
+            if let Some(p) = in_conn.get(&(g.epoch, key_of(g))) {
+                if g.pos <= p.pos {
                     bad.push(format!(
-                        "key {:?}: m{} after m{p} on connection {}",
+                        "key {:?}: m{} after m{} on connection {}",
                         key_of(g),
                         g.seq,
+                        p.seq,
                         g.epoch
                     ));
                 }
             }
-            in_conn.insert((g.epoch, key_of(g)), g.seq);
+            in_conn.insert((g.epoch, key_of(g)), g);
         }
         if bad.is_empty() {
             return bad;
@@ -1008,6 +1102,25 @@ impl Case {
     }
 }
 
+/// Publish `m<first>`.. `count` messages QoS 1 to `topic`, each after the previous PUBACK;
+/// returns the client clock before each PUBLISH and after its PUBACK.
+async fn publish_seqs(
+    c: &mut RawClient,
+    topic: &str,
+    first: usize,
+    count: usize,
+) -> Vec<(u64, u64)> {
+    let mut done = Vec::with_capacity(count);
+    for seq in first..first + count {
+        let sent_us = now_us();
+        let code = c.publish_qos1(topic, format!("m{seq}").as_bytes()).await;
+        let acked_us = now_us();
+        assert!(code < 0x80, "PUBACK 0x{code:02X} for m{seq}");
+        done.push((sent_us, acked_us));
+    }
+    done
+}
+
 /// Until the broker logged `lanemq ready` for its latest start, plus a moment: it installs its
 /// SIGTERM handler only after that, and a SIGTERM before kills it with the default action (a
 /// race of its own, reported separately; see `sigterm_right_after_start_is_graceful`).
@@ -1038,10 +1151,12 @@ async fn run_case(ops: Vec<Op>, trace: Arc<Mutex<String>>) -> Result<String, Str
         subs: Vec::new(),
         kills: 0,
         restarts: 0,
+        batch: 0,
         trace,
         problems: Vec::new(),
     };
     for (n, op) in ops.iter().enumerate() {
+        case.batch = n;
         case.log(format!("#{n} {op:?}"));
         match op {
             Op::Publish {
@@ -1049,12 +1164,17 @@ async fn run_case(ops: Vec<Op>, trace: Arc<Mutex<String>>) -> Result<String, Str
                 topic,
                 count,
             } => case.publish(*publisher, *topic, *count).await,
+            Op::PublishBoth { topics, count } => case.publish_both(*topics, *count).await,
             Op::Subscribe {
                 stream,
                 offset,
                 persistent,
                 lag,
-            } => case.subscribe(*stream, offset, *persistent, *lag).await,
+                small_window,
+            } => {
+                case.subscribe(*stream, offset, *persistent, *lag, *small_window)
+                    .await
+            }
             Op::Disconnect { sub } => case.disconnect(*sub).await,
             Op::Reconnect { sub } => case.reconnect(*sub).await,
             Op::Restart { kill, reconnect } => case.restart(*kill, *reconnect).await,
@@ -1140,21 +1260,23 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 fn config() -> PtConfig {
+    // `PtConfig::default()` reads the PROPTEST_* environment; our defaults apply where unset.
     let mut cfg = PtConfig {
-        cases: DEFAULT_CASES,
         failure_persistence: None,
-        max_shrink_iters: 64,
-        max_shrink_time: 180_000,
         ..PtConfig::default()
     };
-    if let Some(n) = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        cfg.cases = n;
+    let unset = |v: &str| std::env::var_os(v).is_none();
+    if unset("PROPTEST_CASES") {
+        cfg.cases = DEFAULT_CASES;
     }
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+    if unset("PROPTEST_RNG_SEED") {
         cfg.rng_seed = RngSeed::Fixed(DEFAULT_SEED);
+    }
+    if unset("PROPTEST_MAX_SHRINK_ITERS") {
+        cfg.max_shrink_iters = 64;
+    }
+    if unset("PROPTEST_MAX_SHRINK_TIME") {
+        cfg.max_shrink_time = 180_000;
     }
     cfg
 }
