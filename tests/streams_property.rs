@@ -161,6 +161,9 @@ enum Op {
     Disconnect { sub: usize },
     /// One of the disconnected persistent subscribers.
     Reconnect { sub: usize },
+    /// One of the connected persistent subscribers connects again (clean start = false) while
+    /// its connection is open: the session is taken over.
+    Takeover { sub: usize },
     /// SIGTERM (or kill -9) and start again; `reconnect`: the persistent subscribers that were
     /// connected reconnect at once.
     Restart { kill: bool, reconnect: bool },
@@ -192,6 +195,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
             }),
         1 => (0..8usize).prop_map(|sub| Op::Disconnect { sub }),
         1 => (0..8usize).prop_map(|sub| Op::Reconnect { sub }),
+        1 => (0..8usize).prop_map(|sub| Op::Takeover { sub }),
         1 => (any::<bool>(), any::<bool>())
             .prop_map(|(kill, reconnect)| Op::Restart { kill, reconnect }),
     ]
@@ -522,15 +526,21 @@ impl Case {
     /// After the server closed (or is closing) subscriber `i`'s connection: read what is left
     /// (recorded as not acknowledged) until the close.
     async fn drain_closed(&mut self, i: usize) {
-        let kills = self.kills;
-        let sub = &mut self.subs[i];
-        let Some(mut conn) = sub.conn.take() else {
+        let Some(conn) = self.subs[i].conn.take() else {
             return;
         };
+        let epoch = self.subs[i].epoch;
+        self.drain_conn(i, conn, epoch).await;
+    }
+
+    /// Like [`Case::drain_closed`] for an older connection `conn` (number `epoch`).
+    async fn drain_conn(&mut self, i: usize, mut conn: RawClient, epoch: usize) {
+        let kills = self.kills;
+        let sub = &mut self.subs[i];
         loop {
             match conn.try_recv(Duration::from_millis(2_000)).await {
                 Ok(Packet::Publish(p)) => {
-                    if let Ok(g) = parse_got(&p, sub.epoch, kills) {
+                    if let Ok(g) = parse_got(&p, epoch, kills) {
                         sub.got.push(g);
                     }
                 }
@@ -775,6 +785,24 @@ impl Case {
             return;
         }
         self.reconnect_sub(offline[pick % offline.len()]).await;
+    }
+
+    async fn takeover(&mut self, pick: usize) {
+        let online: Vec<usize> = (0..self.subs.len())
+            .filter(|&i| self.subs[i].persistent && self.subs[i].conn.is_some())
+            .collect();
+        if online.is_empty() {
+            self.log("takeover: no persistent subscriber connected".to_string());
+            return;
+        }
+        let i = online[pick % online.len()];
+        // Every PUBACK sent on the old connection is processed before the takeover.
+        self.pump(i, Duration::from_millis(2), Ack::Lagged).await;
+        self.sync(i, Ack::Lagged).await;
+        let old = self.subs[i].conn.take().unwrap();
+        let old_epoch = self.subs[i].epoch;
+        self.reconnect_sub(i).await;
+        self.drain_conn(i, old, old_epoch).await;
     }
 
     async fn restart(&mut self, kill: bool, reconnect: bool) {
@@ -1177,6 +1205,7 @@ async fn run_case(ops: Vec<Op>, trace: Arc<Mutex<String>>) -> Result<String, Str
             }
             Op::Disconnect { sub } => case.disconnect(*sub).await,
             Op::Reconnect { sub } => case.reconnect(*sub).await,
+            Op::Takeover { sub } => case.takeover(*sub).await,
             Op::Restart { kill, reconnect } => case.restart(*kill, *reconnect).await,
         }
         case.pump_all().await;
