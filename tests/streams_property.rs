@@ -15,18 +15,21 @@
 //! # The setup
 //!
 //! One broker per case with two regular streams, `s1` capturing `p/#` (key: the publisher's
-//! client id, the default `message.from`) and `s2` capturing `p/a/#` (key `message.topic`).
-//! Two publishers (`pubA`, `pubB`) publish QoS 1 to `p/a`, `p/a/x`, `p/b`, `p/b/y`, `p` and `q/z`
-//! (in no stream); each PUBLISH waits for its PUBACK, so the model knows the total publish order
-//! and every message it expects was acknowledged (also before a kill -9; fsync `always`). The
+//! client id, the default `message.from`) and `s2` capturing `p/a/#` (key `message.topic`,
+//! `read_max_unacked = 4`). Two publishers (`pubA`, `pubB`) publish QoS 1 to `p/a`, `p/a/x`,
+//! `p/b`, `p/b/y`, `p` and `q/z` (in no stream), one at a time or both at once; each publisher
+//! waits for a PUBACK before its next PUBLISH, and an operation ends when all its PUBACKs
+//! arrived, so every message the model expects was acknowledged (also before a kill -9; fsync
+//! `always`), messages of different operations are ordered, and each publisher's are. The
 //! payload `m<seq>` is unique. Up to six subscribers subscribe `$stream/<name>` at QoS 1 with
 //! `stream-offset` = `earliest`, `latest`, a timestamp (the client clock now, or the `ts` of a
 //! message some subscriber received, −1 / ±0 / +1 µs) or `@<position>` of a message a subscriber
 //! of that stream received. A subscriber is either a clean session (it ends at a restart or at
 //! its disconnect) or a persistent session (clean start, session expiry 3600 s) that
-//! disconnects and reconnects with clean start = false. A persistent subscriber may lag its
-//! PUBACKs by up to 2 messages, so disconnects and restarts happen with received but
-//! unacknowledged messages.
+//! disconnects and reconnects with clean start = false, or is taken over by a new connection
+//! while connected. A persistent subscriber may lag its PUBACKs by up to 2 messages, so
+//! disconnects, takeovers and restarts happen with received but unacknowledged messages; some
+//! subscribers set Receive Maximum = lag + 2.
 //!
 //! At the end every persistent session reconnects, an "oracle" subscriber per stream reads it
 //! from `earliest`, and the positions and timestamps it reports define the exact expectation.
@@ -34,7 +37,8 @@
 //! # What is checked
 //!
 //! - Oracle: each stream holds exactly the acknowledged publishes whose topic its filter
-//!   matches, once each; positions increase and `ts` does not decrease in publish order; `ts`
+//!   matches, once each; positions increase and `ts` does not decrease in each publisher's
+//!   order and from one operation to the next; `ts`
 //!   lies between the client clock before the PUBLISH and after its PUBACK; `key` is the
 //!   publisher's client id (`s1`) or the topic (`s2`); topics are the original ones.
 //! - Each subscriber of stream S with offset O receives, as a set, exactly the messages of S
@@ -46,11 +50,12 @@
 //!   persistent session is allowed only if (a) no earlier receipt of it was acknowledged (QoS 1
 //!   redelivery), or (b) a kill -9 happened after its last acknowledged receipt (the stored
 //!   position may lag the acknowledgements by the save interval). Acknowledged means: PUBACK
-//!   sent before a DISCONNECT, or confirmed by a PINGREQ/PINGRESP round trip before a SIGTERM.
-//!   Graceful restarts and reconnects therefore must resume exactly after the last acknowledged
-//!   message.
-//! - Per key, the first receipts are in publish order, and within one connection every key's
-//!   messages (redeliveries included) are in publish order.
+//!   sent before a DISCONNECT, or confirmed by a PINGREQ/PINGRESP round trip before a SIGTERM
+//!   or a takeover. Graceful restarts, reconnects and takeovers therefore must resume exactly
+//!   after the last acknowledged message.
+//! - Per key, the first receipts are in log order (positions; for one publisher that is its
+//!   publish order, checked on the oracle), and within one connection every key's messages
+//!   (redeliveries included) are in log order.
 //! - A persistent session finds its session present after each reconnect, and every expected
 //!   message ends up acknowledged (a withheld PUBACK leads to a redelivery).
 #![allow(clippy::unwrap_used)]
@@ -106,7 +111,7 @@ const CASE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a subscriber may take to receive what it must have.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_CASES: u32 = 12;
-const DEFAULT_SEED: u64 = 0x5eed_0005_74ea_4d5;
+const DEFAULT_SEED: u64 = 0x5eed_0005_74ea_04d5;
 
 /// Does stream `s` (filter `<prefix>/#`) capture `topic`? (Written out rather than taken
 /// from the broker's matcher, which is under test.)
@@ -131,9 +136,14 @@ enum Offset {
     /// The client clock at SUBSCRIBE.
     Now,
     /// `ts + delta` of one message some subscriber received (`pick` modulo their number).
-    TsOfSeen { pick: usize, delta: i8 },
+    TsOfSeen {
+        pick: usize,
+        delta: i8,
+    },
     /// `@<position>` of one message a subscriber of the same stream received.
-    AfterSeen { pick: usize },
+    AfterSeen {
+        pick: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -219,11 +229,19 @@ struct Pub {
 enum Start {
     Earliest,
     /// `before` publishes were acknowledged before the SUBACK.
-    Latest { before: usize },
+    Latest {
+        before: usize,
+    },
     /// Messages with `ts >= t`; those from `sure_from` on certainly qualify.
-    Ts { t: u64, sure_from: usize },
+    Ts {
+        t: u64,
+        sure_from: usize,
+    },
     /// Messages at positions after `pos`, the position of `m<seq>`.
-    After { pos: u64, seq: usize },
+    After {
+        pos: u64,
+        seq: usize,
+    },
 }
 
 /// One received PUBLISH.
@@ -333,7 +351,10 @@ fn parse_got(p: &Publish, epoch: usize, kills: usize) -> Result<Got, String> {
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| format!("unexpected payload {text:?} on {}", p.topic))?;
     if p.qos != QoS::AtLeastOnce || p.packet_id == 0 {
-        return Err(format!("m{seq} delivered with {:?} / packet id {}", p.qos, p.packet_id));
+        return Err(format!(
+            "m{seq} delivered with {:?} / packet id {}",
+            p.qos, p.packet_id
+        ));
     }
     let ts = user_prop(p, "ts")
         .and_then(|t| t.parse().ok())
@@ -651,7 +672,9 @@ impl Case {
         small_window: bool,
     ) {
         if self.subs.len() >= MAX_SUBS {
-            self.log(format!("subscribe {offset:?}: skipped ({MAX_SUBS} subscribers)"));
+            self.log(format!(
+                "subscribe {offset:?}: skipped ({MAX_SUBS} subscribers)"
+            ));
             return;
         }
         let n = self.pubs.len();
@@ -761,17 +784,18 @@ impl Case {
 
     async fn reconnect_sub(&mut self, i: usize) {
         let sub = &mut self.subs[i];
-        let (conn, ack) =
-            RawClient::connect_ack(
-                self.broker.addr,
-                persistent_connect(&sub.client_id, false, sub.receive_maximum),
-            )
-            .await;
+        let (conn, ack) = RawClient::connect_ack(
+            self.broker.addr,
+            persistent_connect(&sub.client_id, false, sub.receive_maximum),
+        )
+        .await;
         sub.conn = Some(conn);
         sub.epoch += 1;
         let label = sub.label();
         if !ack.session_present {
-            self.problem(format!("{label}: session not present on reconnect ({ack:?})"));
+            self.problem(format!(
+                "{label}: session not present on reconnect ({ack:?})"
+            ));
         }
         self.log(format!("reconnect {label}"));
     }
@@ -825,7 +849,11 @@ impl Case {
         self.log(format!(
             "restart {}{}",
             if kill { "kill -9" } else { "SIGTERM" },
-            if reconnect { ", persistent subscribers reconnect" } else { "" }
+            if reconnect {
+                ", persistent subscribers reconnect"
+            } else {
+                ""
+            }
         ));
         if kill {
             self.broker.kill9();
@@ -1266,7 +1294,11 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
             .await
     });
     let trace = trace.lock().unwrap().clone();
-    let fail = |why: String| Err(TestCaseError::fail(format!("{why}\n--- trace ---\n{trace}")));
+    let fail = |why: String| {
+        Err(TestCaseError::fail(format!(
+            "{why}\n--- trace ---\n{trace}"
+        )))
+    };
     match res {
         Ok(Ok(Ok(summary))) => {
             eprintln!("case ok: {summary}");
