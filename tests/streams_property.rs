@@ -1355,7 +1355,6 @@ proptest! {
 
 /// A SIGTERM as soon as the port accepts connections must still stop the broker gracefully
 /// (exit status 0); the signal handlers are installed only after `Server::start` returned.
-#[ignore = "bug: SIGTERM right after the port accepts kills lanemq by the default action (signal handlers installed after Server::start)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_right_after_start_is_graceful() {
     let mut b = Broker::start_with_acl("streams-prop-sigterm", ACL, CONFIG).await;

@@ -247,6 +247,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         .context("cannot start the runtime")?;
     runtime.block_on(async move {
         let grace = Duration::from_millis(config.server.shutdown_grace_ms);
+        // Installed before the listeners accept: a SIGTERM during the start is a graceful stop
+        // once the start is done, never the default action (an abrupt exit).
+        let mut signals = Signals::install()?;
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .context("cannot install SIGHUP handler")?;
         let server = Server::start(config)
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -258,10 +263,6 @@ fn serve(args: ServeArgs) -> Result<()> {
         );
         let broker = server.broker().clone();
         tokio::spawn(async move {
-            use tokio::signal::unix::{signal, SignalKind};
-            let Ok(mut hup) = signal(SignalKind::hangup()) else {
-                return;
-            };
             while hup.recv().await.is_some() {
                 match broker.reload_auth() {
                     Ok(()) => info!("SIGHUP: password file and ACL reloaded"),
@@ -271,14 +272,14 @@ fn serve(args: ServeArgs) -> Result<()> {
                 }
             }
         });
-        wait_for_signal().await?;
+        signals.next().await;
         info!(
             grace_ms = grace.as_millis() as u64,
             "shutting down (a second signal quits at once)"
         );
         tokio::select! {
             _ = server.shutdown(grace) => {}
-            _ = wait_for_signal() => {
+            _ = signals.next() => {
                 warn!("second signal: quitting now");
                 std::process::exit(130);
             }
@@ -290,15 +291,27 @@ fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, received from the moment `install` returns.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("cannot install SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("cannot install SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }
 
 fn read_password() -> Result<String> {
