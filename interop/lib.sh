@@ -21,6 +21,17 @@ FAILED_NAMES=()
 BROKER_PID=""
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-interop.XXXXXX")
 
+# Exit 2 unless mosquitto_pub and mosquitto_sub are installed.
+require_mosquitto_clients() {
+  local tool
+  for tool in mosquitto_sub mosquitto_pub; do
+    if ! command -v "$tool" >/dev/null; then
+      echo "$tool not found (apt-get install mosquitto-clients)" >&2
+      exit 2
+    fi
+  done
+}
+
 pass() {
   N_PASS=$((N_PASS + 1))
   echo "PASS: $1"

@@ -9,12 +9,7 @@
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 
-for tool in mosquitto_sub mosquitto_pub; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "$tool not found (apt-get install mosquitto-clients)" >&2
-    exit 2
-  fi
-done
+require_mosquitto_clients
 
 start_broker '[server]
 sys_interval_s = 1'
