@@ -478,10 +478,7 @@ mod tests {
                 t.contains(&format!("# HELP lanemq_lite_{name}_total ")),
                 "{name}"
             );
-            assert_eq!(
-                m.to_json()[format!("lanemq_lite_{name}_total")].is_u64(),
-                true
-            );
+            assert!(m.to_json()[format!("lanemq_lite_{name}_total")].is_u64());
         }
         assert!(t.ends_with('\n'));
     }
