@@ -1140,3 +1140,93 @@ async fn lanemq_lanes_cli_manages_parents_and_reads_lanes_groups_lag_and_metrics
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("HTTP 401 BAD_TOKEN"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parents_lanes_and_group_offsets_made_over_rest_survive_a_restart() {
+    let port = child::free_port();
+    let mut b = child::Broker::start_with_acl(
+        "lanes-restart",
+        "default allow\n",
+        &format!("[admin]\nenable = true\nbind = \"127.0.0.1:{port}\"\ntoken = \"{TOKEN}\"\n\n"),
+    )
+    .await;
+    let api = Api {
+        addr: format!("127.0.0.1:{port}"),
+    };
+    for (name, pattern) in [("agents", "agents/{lane}/#"), ("gone", "gone/{lane}")] {
+        api.ok(
+            "POST",
+            "/api/v5/lite/parents",
+            Some(json!({ "name": name, "pattern": pattern, "ttl_s": 600 })),
+        )
+        .await;
+    }
+    let mut p = RawClient::connect_ok(b.addr, connect_v5("producer")).await;
+    publish_all(&mut p, "agents/r1/x", 3).await;
+    publish_all(&mut p, "agents/r2/x", 1).await;
+    publish_all(&mut p, "gone/g1", 1).await;
+    let mut w = RawClient::connect_ok(b.addr, connect_v5("w1")).await;
+    w.subscribe_with(
+        &[("$share/workers/agents/+/#", sub_opts(QoS::AtLeastOnce))],
+        None,
+    )
+    .await;
+    for p in recv_unacked(&mut w, 4).await {
+        w.send(Packet::PubAck(PubResp::new(p.packet_id, 0))).await;
+    }
+    api.wait("/api/v5/lite/parents/agents/lanes/r1", "committed", |v| {
+        v["groups"][0]["committed"] == 3
+    })
+    .await;
+    w.unsubscribe("$share/workers/agents/+/#").await;
+    publish_all(&mut p, "agents/r2/x", 1).await;
+    let (st, _) = api.call("DELETE", "/api/v5/lite/parents/gone", None).await;
+    assert_eq!(st, 204);
+    p.disconnect().await;
+    w.disconnect().await;
+    let status = b.terminate().await;
+    assert!(status.success(), "{status}: {}", b.log_tail(40));
+    b.restart().await;
+    let list = api.ok("GET", "/api/v5/lite/parents", None).await;
+    let names: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["agents"], "{list}");
+    assert_eq!(list["data"][0]["ttl_s"], 600);
+    assert_eq!(list["data"][0]["lanes"], 2);
+    let (lanes, _) = api.all_pages("/api/v5/lite/parents/agents/lanes", 10).await;
+    let figures: Vec<(String, u64, u64)> = lanes
+        .iter()
+        .map(|l| {
+            (
+                l["lane"].as_str().unwrap().to_string(),
+                l["first_offset"].as_u64().unwrap(),
+                l["next_offset"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        figures,
+        [("r1".to_string(), 0, 3), ("r2".to_string(), 0, 2)],
+        "{lanes:?}"
+    );
+    let groups = api
+        .ok("GET", "/api/v5/lite/parents/agents/groups", None)
+        .await;
+    assert_eq!(groups["data"][0]["group"], "workers", "{groups}");
+    assert_eq!(groups["data"][0]["members"], json!([]), "{groups}");
+    let (rows, _) = api
+        .all_pages("/api/v5/lite/parents/agents/groups/workers/lag", 10)
+        .await;
+    let lag: Vec<(u64, u64)> = rows
+        .iter()
+        .map(|r| (r["committed"].as_u64().unwrap(), r["lag"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(lag, [(3, 0), (1, 1)], "{rows:?}");
+    let text = api.metrics_text().await.body;
+    assert_eq!(sample(&text, "lanemq_lite_lanes"), 2, "{text}");
+    assert_eq!(sample(&text, "lanemq_lite_parents"), 1, "{text}");
+}
