@@ -226,14 +226,14 @@ fn parent_param() -> Value {
     })
 }
 
-fn page_params(what: &str) -> Vec<Value> {
+fn page_params() -> Vec<Value> {
     vec![
         json!({ "name": "limit", "in": "query", "required": false,
           "description": "Page size, 1–10000 (default 100); out of range: 400",
           "schema": { "type": "integer", "minimum": 1, "maximum": 10000, "default": 100 } }),
         json!({ "name": "after", "in": "query", "required": false,
-          "description": format!("`meta.cursor` of the previous page (url-encoded): the page starts \
-                          strictly after this lane key; `cursor` is an alias. {what}"),
+          "description": "`meta.cursor` of the previous page (url-encoded): the page starts \
+                          strictly after this lane key; `cursor` is an alias",
           "schema": { "type": "string" } }),
     ]
 }
@@ -317,7 +317,7 @@ fn lanes_paths(paths: &mut Map<String, Value>) {
         }),
     );
     let mut lane_list_params = vec![parent_param()];
-    lane_list_params.extend(page_params(""));
+    lane_list_params.extend(page_params());
     paths.insert(
         "/api/v5/lite/parents/{name}/lanes".into(),
         json!({
@@ -371,7 +371,7 @@ fn lanes_paths(paths: &mut Map<String, Value>) {
         json!({ "name": "group", "in": "path", "required": true,
                 "description": "Group name", "schema": { "type": "string" } }),
     ];
-    lag_params.extend(page_params(""));
+    lag_params.extend(page_params());
     paths.insert(
         "/api/v5/lite/parents/{name}/groups/{group}/lag".into(),
         json!({
