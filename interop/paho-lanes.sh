@@ -75,6 +75,7 @@ max_key_bytes = 8"
 start_broker "$TOML"
 
 OUT=$WORK/paho-lanes.out
+export PYTHONDONTWRITEBYTECODE=1  # no interop/__pycache__ left in the work tree
 timeout 90 "$PY" -u "$INTEROP_ROOT/interop/paho_lanes.py" --port "$PORT" "$@" | tee "$OUT"
 rc=${PIPESTATUS[0]}
 add_results "$OUT"

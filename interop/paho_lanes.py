@@ -250,6 +250,18 @@ def wait_until(pred, timeout: float) -> bool:
         return ORDER_LOCK.wait_for(pred, timeout)
 
 
+def poll_until(pred, timeout: float, interval=0.1) -> bool:
+    """Until pred() (for predicates too costly to re-check on every delivery), polled."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with ORDER_LOCK:
+            if pred():
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
 def wait_quiet(clients, idle: float, timeout: float) -> None:
     """Until no client got a delivery for `idle` seconds (at most `timeout`)."""
     deadline = time.monotonic() + timeout
@@ -315,7 +327,8 @@ def s_worker_pool():
     bad_rc = [(msgs[i][0], str(rc)) for i, rc in rcs.items() if rc is None or rc.is_failure]
     check(not bad_rc, f"PUBACK failures: {sample(bad_rc)}")
     total = n_lanes * n_seq
-    ok = wait_until(lambda: sum(len(c.deliveries) for c in cons) >= total, 30)
+    want = {p.decode() for _, p in msgs}
+    ok = poll_until(lambda: len({d.text for c in cons for d in c.deliveries}) >= total, 30)
     t_all = time.monotonic() - t0
     wait_quiet(cons, 0.5, 3)  # late duplicates
     handler_errors(cons)
@@ -323,7 +336,6 @@ def s_worker_pool():
     got = Counter()
     for d in ds:
         got[d.text] += 1
-    want = {p.decode() for _, p in msgs}
     missing = sorted(want - set(got), key=lambda s: (int(s.split(":")[0][2:]), int(s.split(":")[1])))
     check(ok and not missing, f"{len(missing)} of {total} messages never delivered within 30 s: {sample(missing)}")
     extra = sorted(set(got) - want)
@@ -404,7 +416,7 @@ def s_consumer_killed_mid_batch():
         covered = acked_set() | {(k, s) for (k, s) in want if k in first_held and s >= first_held[k]}
         return want <= covered
 
-    settled_ok = wait_until(settled, 10)
+    settled_ok = poll_until(settled, 10)
     if not settled_ok:
         wait_quiet(cons, 1.0, 5)
     handler_errors(cons)
@@ -420,7 +432,7 @@ def s_consumer_killed_mid_batch():
          f"{len(held_lanes)} lanes; lanes not held by it and not complete: {len(stuck)}")
     victim.kill()
     t_kill = time.monotonic()
-    ok = wait_until(lambda: want <= acked_set(), 15)
+    ok = poll_until(lambda: want <= acked_set(), 15)
     t_done = time.monotonic() - t_kill
     wait_quiet(others, 0.5, 3)
     handler_errors(cons)
