@@ -36,7 +36,6 @@ acl_file = \"$WORK/allow.acl\"
 enable = false
 
 [lite]
-enable = true
 sweep_interval_ms = 500
 
 [[lite.parents]]
