@@ -4,8 +4,8 @@
 # per-lane order, lane/lane-offset properties), a consumer killed mid-batch (nothing lost, handed
 # over as new PUBLISH packets), suspend of one lane (lane-suspend-ms) while others flow, reject
 # (PUBACK 0x80) to $dlq/<group>/<topic>, TTL expiry, resume of one lane by lane-offset, quota and
-# key-length refusals. Starts its own broker on a free 127.0.0.1 port with ACL `default allow`
-# and the lite parents the scenarios need.
+# key-length refusals, exclusive lane owners. Starts its own broker on a free 127.0.0.1 port
+# with ACL `default allow` and the lite parents the scenarios need.
 #
 #   bash interop/paho-lanes.sh [SCENARIO_SUBSTRING...]
 #
@@ -70,7 +70,13 @@ name = \"quota\"
 pattern = \"quota/{lane}/#\"
 mode = \"shared\"
 max_lanes = 3
-max_key_bytes = 8"
+max_key_bytes = 8
+
+[[lite.parents]]
+name = \"excl\"
+pattern = \"excl/{lane}/#\"
+mode = \"exclusive\"
+key_levels = 1"
 start_broker "$TOML"
 
 OUT=$WORK/paho-lanes.out

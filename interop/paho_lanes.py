@@ -14,6 +14,7 @@ Lite parents the broker must have (declared by paho-lanes.sh; [lite] sweep_inter
     ttl     ttl/{lane}/#     shared, ttl_s 2         TTL expiry (group "ttlg")
     sess    sess/{lane}/#    shared                  resume of one lane by lane-offset
     quota   quota/{lane}/#   max_lanes 3, max_key_bytes 8   refusals (group "qg")
+    excl    excl/{lane}/#    exclusive               lane owners (group "ex")
 
 Semantics: /work/shared/spec/lite.md and docs/lanes.md. Every lane delivery carries the user
 properties `lane` (the key) and `lane-offset` (dense per lane from 0). Acks with a reason code or
@@ -730,6 +731,63 @@ def s_refusals():
     got = sorted((d.text, d.off) for d in c.deliveries)
     want = sorted([("q1:0", 0), ("q2:0", 0), ("q3:0", 0), ("q1:1", 1), ("q2:1", 1)])
     check(got == want, f"the group got (payload, lane-offset) {got}, expected {want}")
+
+
+def s_exclusive_owner():
+    """Parent excl (mode exclusive), group `ex` with 2 members on excl/+/#: 20 lanes x 2 messages,
+    each lane delivered to one member only. A third member subscribes to exactly one lane
+    ($share/ex/excl/e-3/#): from then on e-3 goes to it only (newest explicit subscriber wins, the
+    old owner gets no more of e-3, offsets continue at 2), other lanes stay with their owners and
+    never go to the one-lane member; when the owner of another lane disconnects, that lane moves
+    to the remaining all-lanes member."""
+    m1 = LClient("ex-m1").connect()
+    m1.subscribe_lane("$share/ex/excl/+/#", qos=1)
+    m2 = LClient("ex-m2").connect()
+    m2.subscribe_lane("$share/ex/excl/+/#", qos=1)
+    pub = LClient("ex-pub", handler=None).connect()
+    msgs = [(f"excl/e-{lane}/x", f"e-{lane}:{seq}".encode()) for seq in range(2) for lane in range(20)]
+    rcs = pub.publish_many(msgs)
+    check(all(rc is not None and not rc.is_failure for rc in rcs.values()), f"PUBACKs {rcs}")
+    ok = poll_until(lambda: len({d.text for c in (m1, m2) for d in c.deliveries}) >= 40, 5)
+    wait_quiet([m1, m2], 0.3, 2)
+    handler_errors([m1, m2])
+    ds = all_deliveries([m1, m2])
+    check(ok, f"not all 40 messages delivered within 5 s: {sample(sorted({d.text for d in ds}), 50)}")
+    owners = defaultdict(set)
+    for d in ds:
+        owners[d.lane].add(d.cid)
+    shared = {k: sorted(v) for k, v in owners.items() if len(v) > 1}
+    check(not shared, f"exclusive mode: lanes delivered to more than one member: {shared}")
+    check_lane_props(ds, lambda d: parse_key_seq(d)[0])
+    owner = {k: next(iter(v)) for k, v in owners.items()}
+    note(f"lanes per member: {dict(Counter(owner.values()))}")
+    m3 = LClient("ex-m3").connect()
+    m3.subscribe_lane("$share/ex/excl/e-3/#", qos=1)
+    n_before = ORDER[0]
+    more = [("excl/e-3/x", f"e-3:{s}".encode()) for s in (2, 3, 4)] + [("excl/e-4/x", b"e-4:2")]
+    pub.publish_many(more)
+    ok = poll_until(lambda: sum(1 for c in (m1, m2, m3) for d in c.deliveries if d.n >= n_before) >= 4, 5)
+    wait_quiet([m1, m2, m3], 0.3, 2)
+    new = [(d.cid, d.text, d.off) for d in all_deliveries([m1, m2, m3]) if d.n >= n_before]
+    check(ok, f"within 5 s after the one-lane subscription got only {new}")
+    e3 = [x for x in new if x[1].startswith("e-3:")]
+    check(e3 == [("ex-m3", "e-3:2", 2), ("ex-m3", "e-3:3", 3), ("ex-m3", "e-3:4", 4)],
+          f"e-3 after {m3.cid} subscribed to exactly that lane (old owner {owner['e-3']}): expected "
+          f"offsets 2, 3, 4 to {m3.cid} only, got (member, payload, offset) {e3}")
+    e4 = [x for x in new if x[1].startswith("e-4:")]
+    check(e4 == [(owner["e-4"], "e-4:2", 2)], f"e-4 (owner {owner['e-4']}) after the takeover of e-3: {e4}")
+    # The owner of e-5 leaves: e-5 moves to the other all-lanes member, not to the e-3-only one.
+    leaver = m1 if owner["e-5"] == m1.cid else m2
+    stayer = m2 if leaver is m1 else m1
+    leaver.disconnect()
+    n_before = ORDER[0]
+    pub.publish("excl/e-5/x", b"e-5:2")
+    ok = poll_until(lambda: any(d.n >= n_before for c in (stayer, m3) for d in c.deliveries), 5)
+    wait_quiet([stayer, m3], 0.3, 2)
+    handler_errors([m1, m2, m3])
+    new = [(d.cid, d.text, d.off) for d in all_deliveries([stayer, m3]) if d.n >= n_before]
+    check(new == [(stayer.cid, "e-5:2", 2)], f"e-5 after its owner {leaver.cid} disconnected: expected it on "
+                                             f"{stayer.cid} at offset 2, got {new}")
 
 
 SCENARIOS = [v for k, v in list(globals().items()) if k.startswith("s_") and callable(v)]
