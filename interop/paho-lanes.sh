@@ -82,7 +82,7 @@ start_broker "$TOML"
 
 OUT=$WORK/paho-lanes.out
 export PYTHONDONTWRITEBYTECODE=1  # no interop/__pycache__ left in the work tree
-timeout 90 "$PY" -u "$INTEROP_ROOT/interop/paho_lanes.py" --port "$PORT" "$@" | tee "$OUT"
+timeout 150 "$PY" -u "$INTEROP_ROOT/interop/paho_lanes.py" --port "$PORT" "$@" | tee "$OUT"
 rc=${PIPESTATUS[0]}
 add_results "$OUT"
 if [ "$rc" -ne 0 ] && ! grep -q '^FAIL:' "$OUT"; then
