@@ -9,10 +9,12 @@ its port:
 Lite parents the broker must have (declared by paho-lanes.sh; [lite] sweep_interval_ms = 500):
 
     agents  agents/{lane}/#  shared                  worker pool, reject (group "workers")
-    crash   crash/{lane}/#   shared                  consumer killed mid-batch (group "pool")
+    crash   crash/{lane}/#   shared                  consumer killed mid-batch (group "pool"),
+                                                     holder resumes (one-lane group "solo")
     tasks   tasks/{lane}/#   shared, max_attempts 2  suspend (group "sus"), retry (group "rt")
     ttl     ttl/{lane}/#     shared, ttl_s 2         TTL expiry (group "ttlg")
-    sess    sess/{lane}/#    shared                  resume of one lane by lane-offset
+    sess    sess/{lane}/#    shared                  resume of one lane by lane-offset, new
+                                                     groups at latest / <n>
     quota   quota/{lane}/#   max_lanes 3, max_key_bytes 8   refusals (group "qg")
     excl    excl/{lane}/#    exclusive               lane owners (group "ex")
 
@@ -488,6 +490,73 @@ def s_consumer_killed_mid_batch():
         c.disconnect(0, SessionExpiryInterval=0)
 
 
+def s_holder_resumes_with_dup():
+    """A one-lane group ($share/solo/crash/solo-1/#, a new group: from earliest) with a single
+    persistent member (expiry 300 s): of solo-1's 3 messages it acks #0 and holds #1, #2; its
+    socket is dropped (no other member online, so the batch stays with the session); on the
+    reconnect with Clean Start 0 the session is present and #1, #2 come again with DUP=1 and the
+    same lane-offsets (MQTT-4.4.0-1), #0 does not; then a live #3 arrives with DUP=0, offset 3. No
+    message of the parent's other lanes reaches the one-lane group."""
+
+    def first(c, d):
+        if d.off == 0:
+            c.ack(d)
+
+    m = LClient("solo-m", handler=first)
+    m.connect(clean_start=True, expiry=300)
+    m.subscribe_lane("$share/solo/crash/solo-1/#", qos=1)
+    pub = LClient("solo-pub", handler=None).connect()
+    pub.publish_many([("crash/solo-1/m", f"solo-1:{i}".encode()) for i in range(3)] + [("crash/solo-2/m", b"solo-2:0")])
+    ok = wait_until(lambda: len(m.deliveries) >= 3, 5)
+    wait_quiet([m], 0.3, 2)
+    first_s = [(d.text, d.off, int(d.dup)) for d in m.deliveries]
+    check(ok and first_s == [("solo-1:0", 0, 0), ("solo-1:1", 1, 0), ("solo-1:2", 2, 0)],
+          f"first session: expected solo-1 offsets 0, 1, 2 (DUP=0) only, got {first_s}")
+    time.sleep(0.2)  # the PUBACK of #0 reaches the broker before the drop
+    m.kill()
+    time.sleep(0.3)
+    r = LClient("solo-m")
+    r.connect(clean_start=False, expiry=300)
+    check(r.session_present, "session not present on the reconnect (Clean Start 0, expiry 300)")
+    ok = wait_until(lambda: len(r.deliveries) >= 2, 5)
+    wait_quiet([r], 0.5, 2)
+    again = [(d.text, d.off, int(d.dup)) for d in r.deliveries]
+    check(ok and again == [("solo-1:1", 1, 1), ("solo-1:2", 2, 1)],
+          f"after the reconnect: expected the held #1, #2 again with DUP=1 (and not the acked #0), "
+          f"got (payload, offset, dup) {again}")
+    pub.publish("crash/solo-1/m", b"solo-1:3")
+    ok = wait_until(lambda: len(r.deliveries) >= 3, 5)
+    wait_quiet([r], 0.3, 2)
+    handler_errors([m, r])
+    got = [(d.text, d.off, int(d.dup)) for d in r.deliveries]
+    check(ok and got[2:] == [("solo-1:3", 3, 0)], f"live #3 after the resume: got {got}")
+    r.disconnect(0, SessionExpiryInterval=0)
+
+
+def s_new_group_latest():
+    """A new group with lane-offset = latest ($share/late/sess/+/#) gets nothing of the lanes'
+    history, only messages published after the SUBSCRIBE; a new one-lane group with lane-offset = 1
+    ($share/from1/sess/lt-a/#) starts that lane at offset 1."""
+    pub = LClient("lt-pub", handler=None).connect()
+    pub.publish_many([("sess/lt-a/x", f"lt-a:{i}".encode()) for i in range(3)] + [("sess/lt-b/x", b"lt-b:0")])
+    late = LClient("lt-late").connect()
+    late.subscribe_lane("$share/late/sess/+/#", qos=1, offset="latest")
+    from1 = LClient("lt-from1").connect()
+    from1.subscribe_lane("$share/from1/sess/lt-a/#", qos=1, offset="1")
+    old = late.quiet(0.7)
+    check(not old, f"lane-offset=latest: history delivered {ps.payloads(old)}")
+    pub.publish_many([("sess/lt-a/x", b"lt-a:3"), ("sess/lt-b/x", b"lt-b:1")])
+    ok = wait_until(lambda: len(late.deliveries) >= 2 and len(from1.deliveries) >= 3, 5)
+    wait_quiet([late, from1], 0.3, 2)
+    handler_errors([late, from1])
+    got = sorted((d.text, d.off) for d in late.deliveries)
+    check(ok and got == [("lt-a:3", 3), ("lt-b:1", 1)], f"lane-offset=latest: expected only the live "
+                                                        f"lt-a:3 (offset 3) and lt-b:1 (offset 1), got {got}")
+    got1 = [(d.text, d.off) for d in from1.deliveries]
+    check(got1 == [("lt-a:1", 1), ("lt-a:2", 2), ("lt-a:3", 3)],
+          f"one-lane group with lane-offset=1: expected lt-a offsets 1, 2, 3, got {got1}")
+
+
 def s_suspend_one_lane():
     """Group `sus` on tasks/+/#. Lane sus-a: #0 is answered with PUBACK 0x00 + lane-suspend-ms=1500
     and #1 is published during the pause: nothing of sus-a is delivered for 1.5 s, then #0 comes
@@ -653,6 +722,7 @@ def s_reject_to_dlq():
             check(up.get(k) == v, f"{t}: user property {k} = {up.get(k)!r}, expected {v!r} (all: {d.up})")
         att = up.get("attempts")
         check(att is not None and att.isdigit(), f"{t}: user property attempts = {att!r}, expected a decimal")
+        note(f"{t}: user properties {d.up}")
     again = {k: v for k, v in seen.items() if k.startswith("rej-") and v > 1}
     check(not again, f"delivered to the group more than once: {again}")
     r1.disconnect()
