@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
+import random
 import struct
 import sys
 import threading
@@ -313,9 +315,43 @@ def s_worker_pool():
     """4 consumers in group `workers` ($share/workers/agents/+/#, one asks QoS 2 and must be
     granted 1), manual acks; 1,000 lanes x 5 QoS 1 messages: every message processed exactly once
     (nobody fails, so nothing is redelivered), per lane in order by payload seq and by lane-offset
-    (0..4), lane = key, original topic kept, QoS 1, and the lanes spread over all members."""
+    (0..4), lane = key, original topic kept, QoS 1, and the lanes spread over all members. Two
+    members ack at once, two after a short random processing time in a worker thread."""
     n_lanes, n_seq = 1000, 5
-    cons = [LClient(f"wp-c{i}") for i in range(4)]
+    # wp-c0, wp-c1 ack in the callback; wp-c2, wp-c3 "process" each message 0-3 ms in a worker
+    # thread and then ack (in receive order, MQTT-4.6.0-2), so lanes stay in flight longer.
+    stop = threading.Event()
+    workers = []
+
+    def slow_member(cid: str, seed: int) -> "LClient":
+        q: queue.Queue = queue.Queue()
+        rnd = random.Random(seed)
+        c = LClient(cid, handler=lambda c, d: q.put(d))
+
+        def work():
+            while not stop.is_set():
+                try:
+                    d = q.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                time.sleep(rnd.random() * 0.003)
+                c.ack(d)
+
+        t = threading.Thread(target=work, name=f"{cid}-worker", daemon=True)
+        t.start()
+        workers.append(t)
+        return c
+
+    cons = [LClient("wp-c0"), LClient("wp-c1"), slow_member("wp-c2", 2), slow_member("wp-c3", 3)]
+    try:
+        _worker_pool(cons, n_lanes, n_seq)
+    finally:
+        stop.set()
+        for t in workers:
+            t.join(2)
+
+
+def _worker_pool(cons, n_lanes, n_seq):
     for i, c in enumerate(cons):
         c.connect(clean_start=True)
         g = c.subscribe_lane("$share/workers/agents/+/#", qos=2 if i == 3 else 1)
