@@ -5,7 +5,7 @@
 # over as new PUBLISH packets), suspend of one lane (lane-suspend-ms) while others flow, retry
 # (lane-retry-ms) to the dead-letter topic at max_attempts, reject
 # (PUBACK 0x80) to $dlq/<group>/<topic>, TTL expiry, resume of one lane by lane-offset, quota and
-# key-length refusals, exclusive lane owners. Starts its own broker on a free 127.0.0.1 port
+# key-length refusals, exclusive lane owners, two-level lane keys. Starts its own broker on a free 127.0.0.1 port
 # with ACL `default allow` and the lite parents the scenarios need.
 #
 #   bash interop/paho-lanes.sh [SCENARIO_SUBSTRING...]
@@ -77,7 +77,12 @@ max_key_bytes = 8
 name = \"excl\"
 pattern = \"excl/{lane}/#\"
 mode = \"exclusive\"
-key_levels = 1"
+key_levels = 1
+
+[[lite.parents]]
+name = \"mk\"
+pattern = \"mk/{lane}/#\"
+key_levels = 2"
 start_broker "$TOML"
 
 OUT=$WORK/paho-lanes.out

@@ -17,6 +17,7 @@ Lite parents the broker must have (declared by paho-lanes.sh; [lite] sweep_inter
                                                      groups at latest / <n>
     quota   quota/{lane}/#   max_lanes 3, max_key_bytes 8   refusals (group "qg")
     excl    excl/{lane}/#    exclusive               lane owners (group "ex")
+    mk      mk/{lane}/#      key_levels 2            two-level keys (groups "mkg" on mk/+/+/#, "mk1")
 
 Semantics: /work/shared/spec/lite.md and docs/lanes.md. Every lane delivery carries the user
 properties `lane` (the key) and `lane-offset` (dense per lane from 0). Acks with a reason code or
@@ -780,26 +781,49 @@ def s_ttl_expiry():
     """Parent ttl (ttl_s = 2, sweep every 500 ms), group `ttlg`: publishes at 0, 1.2 s and 2.4 s get
     lane-offsets 0, 1, 2 (the TTL counts from the last publish, not from creation); after > 2 s
     without a publish (+ a sweep) the lane is expired: the next publish is lane-offset 0 again and
-    is delivered to the group (its old committed offset is gone)."""
-    c = LClient("ttl-c").connect()
+    is delivered to the group (its old committed offset is gone). Lane ttl-h's #0 is held un-acked
+    by the member through the expiry: the in-flight state goes with the lane, so the next publish
+    (offset 0 again) is delivered although the old one was never acked; the late PUBACK of the old
+    one then changes nothing (no redelivery, the connection stays)."""
+    held = []
+
+    def handler(c, d):
+        if d.text == "ttl-h:0":
+            held.append(d)
+        else:
+            c.ack(d)
+
+    c = LClient("ttl-c", handler=handler).connect()
     c.subscribe_lane("$share/ttlg/ttl/+/#", qos=1)
     pub = LClient("ttl-pub", handler=None).connect()
-    plan = [("ttl-k:0", 0.0), ("ttl-k:1", 1.2), ("ttl-k:2", 2.4), ("ttl-k:3", 2.4 + 2.0 + 0.5 + 1.0)]
+    t_exp = 2.4 + 2.0 + 0.5 + 1.0
+    plan = [("ttl-k", "ttl-k:0", 0.0), ("ttl-h", "ttl-h:0", 0.0), ("ttl-k", "ttl-k:1", 1.2),
+            ("ttl-k", "ttl-k:2", 2.4), ("ttl-k", "ttl-k:3", t_exp), ("ttl-h", "ttl-h:1", t_exp)]
     t0 = time.monotonic()
-    for payload, at in plan:
+    for lane, payload, at in plan:
         delay = t0 + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        rc = pub.publish_rc("ttl/ttl-k/x", payload.encode())
+        rc = pub.publish_rc(f"ttl/{lane}/x", payload.encode())
         check(isinstance(rc, int) and rc < 0x80, f"PUBACK for {payload}: {rc} (refused)")
         check(wait_until(lambda p=payload: any(d.text == p for d in c.deliveries), 5),
               f"{payload} not delivered within 5 s: {[(d.text, d.off) for d in c.deliveries]}")
     wait_quiet([c], 0.3, 2)
     handler_errors([c])
-    got = [(d.text, d.off, d.lane) for d in c.deliveries]
+    got = [(d.text, d.off, d.lane) for d in c.deliveries if d.lane == "ttl-k"]
     want = [("ttl-k:0", 0, "ttl-k"), ("ttl-k:1", 1, "ttl-k"), ("ttl-k:2", 2, "ttl-k"), ("ttl-k:3", 0, "ttl-k")]
     check(got == want, f"(payload, lane-offset, lane): got {got}, expected {want} (offset 2 for #2: not "
                        f"expired 1.2 s after the last publish; offset 0 for #3: expired after 3.5 s idle)")
+    goth = [(d.text, d.off, int(d.dup)) for d in c.deliveries if d.lane == "ttl-h"]
+    check(goth == [("ttl-h:0", 0, 0), ("ttl-h:1", 0, 0)],
+          f"ttl-h (#0 held un-acked through the expiry): expected #0 then the new #1 at lane-offset 0, "
+          f"got (payload, offset, dup) {goth}")
+    c.ack(held[0])  # the late PUBACK of the expired lane's message
+    late = c.quiet(0.7)
+    check(c.c.is_connected() and c.disconnected is None,
+          f"connection closed after the late PUBACK of an expired lane's message: {c.disconnected}")
+    goth2 = [(d.text, d.off) for d in c.deliveries if d.lane == "ttl-h"]
+    check(len(goth2) == 2, f"ttl-h after the late PUBACK: {goth2} ({len(late)} deliveries in all)")
 
 
 def s_resume_by_lane_offset():
@@ -850,6 +874,40 @@ def s_resume_by_lane_offset():
           f"ordinary subscription after the publishes: expected only the live r1:5, got {[d.text for d in plain.deliveries]}")
     check([d.text for d in live.deliveries] == [f"r1:{i}" for i in range(6)],
           f"ordinary subscription from before: expected r1:0..5 once in order, got {[d.text for d in live.deliveries]}")
+
+
+def s_multi_level_key():
+    """Parent mk (mk/{lane}/#, key_levels = 2): the key is two topic levels joined by '/'
+    (mk/u1/s1/x and mk/u1/s1/y/z are lane u1/s1, mk/u2/s1 with '#' matching no level is lane
+    u2/s1). Group mkg on mk/+/+/# (each key level '+') gets every lane in order with lane = the
+    two-level key; a one-lane
+    group on mk/u1/s2/# gets only u1/s2; a plain subscription to mk/u1/s1/# with lane-offset = 0
+    replays only u1/s1."""
+    g = LClient("mk-g").connect()
+    g.subscribe_lane("$share/mkg/mk/+/+/#", qos=1)
+    one = LClient("mk-one").connect()
+    one.subscribe_lane("$share/mk1/mk/u1/s2/#", qos=1)
+    pub = LClient("mk-pub", handler=None).connect()
+    msgs = [("mk/u1/s1/x", b"u1/s1:0"), ("mk/u1/s2/x", b"u1/s2:0"), ("mk/u1/s1/y/z", b"u1/s1:1"),
+            ("mk/u2/s1", b"u2/s1:0"), ("mk/u1/s2/x", b"u1/s2:1")]
+    rcs = pub.publish_many(msgs)
+    check(all(rc is not None and not rc.is_failure for rc in rcs.values()), f"PUBACKs {rcs}")
+    rp = LClient("mk-replay").connect()
+    rp.subscribe_lane("mk/u1/s1/#", qos=1, offset="0")
+    ok = wait_until(lambda: len(g.deliveries) >= 5 and len(one.deliveries) >= 2 and len(rp.deliveries) >= 2, 5)
+    wait_quiet([g, one, rp], 0.3, 2)
+    handler_errors([g, one, rp])
+    per = defaultdict(list)
+    for d in g.deliveries:
+        per[d.lane].append((d.text, d.off, d.topic))
+    want = {"u1/s1": [("u1/s1:0", 0, "mk/u1/s1/x"), ("u1/s1:1", 1, "mk/u1/s1/y/z")],
+            "u1/s2": [("u1/s2:0", 0, "mk/u1/s2/x"), ("u1/s2:1", 1, "mk/u1/s2/x")],
+            "u2/s1": [("u2/s1:0", 0, "mk/u2/s1")]}
+    check(ok and dict(per) == want, f"group mkg per lane (payload, offset, topic): got {dict(per)}, expected {want}")
+    got1 = [(d.text, d.off, d.lane) for d in one.deliveries]
+    check(got1 == [("u1/s2:0", 0, "u1/s2"), ("u1/s2:1", 1, "u1/s2")], f"one-lane group on mk/u1/s2/#: got {got1}")
+    gotr = [(d.text, d.off, d.lane) for d in rp.deliveries]
+    check(gotr == [("u1/s1:0", 0, "u1/s1"), ("u1/s1:1", 1, "u1/s1")], f"replay of mk/u1/s1/# from 0: got {gotr}")
 
 
 def s_refusals():
