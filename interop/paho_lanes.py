@@ -19,8 +19,9 @@ Lite parents the broker must have (declared by paho-lanes.sh; [lite] sweep_inter
     excl    excl/{lane}/#    exclusive               lane owners (group "ex")
     mk      mk/{lane}/#      key_levels 2            two-level keys (groups "mkg" on mk/+/+/#, "mk1")
 
-Semantics: /work/shared/spec/lite.md and docs/lanes.md. Every lane delivery carries the user
-properties `lane` (the key) and `lane-offset` (dense per lane from 0). Acks with a reason code or
+Semantics: /work/shared/spec/lite.md (and docs/lanes.md once written). Every lane delivery
+carries the user properties `lane` (the key) and `lane-offset` (dense per lane from 0). Acks with
+a reason code or
 user properties (`lane-suspend-ms`, PUBACK >= 0x80) are not expressible with paho's public API
 (`Client.ack(mid, qos)` sends a bare 2-byte PUBACK), so LClient.puback() encodes the MQTT 5
 PUBACK itself (packet id, reason code, properties packed by paho's Properties) and queues it on
