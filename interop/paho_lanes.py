@@ -21,10 +21,9 @@ Lite parents the broker must have (declared by paho-lanes.sh; [lite] sweep_inter
 
 Semantics: /work/shared/spec/lite.md (and docs/lanes.md once written). Every lane delivery
 carries the user properties `lane` (the key) and `lane-offset` (dense per lane from 0). Acks with
-a reason code or
-user properties (`lane-suspend-ms`, PUBACK >= 0x80) are not expressible with paho's public API
-(`Client.ack(mid, qos)` sends a bare 2-byte PUBACK), so LClient.puback() encodes the MQTT 5
-PUBACK itself (packet id, reason code, properties packed by paho's Properties) and queues it on
+a reason code or user properties (`lane-suspend-ms`, PUBACK >= 0x80) are not expressible with
+paho's public API (`Client.ack(mid, qos)` sends a bare 2-byte PUBACK), so LClient.puback()
+encodes the MQTT 5 PUBACK itself (packet id, reason code, properties packed by paho's Properties) and queues it on
 the paho connection's own output queue, the same path Client.ack() uses.
 
 Prints PASS/FAIL per scenario and a closing "paho-lanes: N passed, N failed, N skipped" line;
@@ -871,10 +870,11 @@ def s_resume_by_lane_offset():
     check_lane_props(rs.deliveries + early.deliveries, lambda d: "r1")
     no_origin = [d.text for d in rs.deliveries + early.deliveries if d.prop("origin") != "rs-pub"]
     check(not no_origin, f"the publisher's user property origin=rs-pub lost: {no_origin}")
-    check([d.text for d in plain.deliveries] == ["r1:5"],
-          f"ordinary subscription after the publishes: expected only the live r1:5, got {[d.text for d in plain.deliveries]}")
-    check([d.text for d in live.deliveries] == [f"r1:{i}" for i in range(6)],
-          f"ordinary subscription from before: expected r1:0..5 once in order, got {[d.text for d in live.deliveries]}")
+    got_p = [d.text for d in plain.deliveries]
+    check(got_p == ["r1:5"], f"ordinary subscription after the publishes: expected only the live r1:5, got {got_p}")
+    got_l = [d.text for d in live.deliveries]
+    check(got_l == [f"r1:{i}" for i in range(6)],
+          f"ordinary subscription from before: expected r1:0..5 once in order, got {got_l}")
 
 
 def s_multi_level_key():
