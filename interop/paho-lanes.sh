@@ -2,10 +2,11 @@
 # Lite-topic lanes (issue 6) with the Eclipse Paho Python client (paho-mqtt 2.x, MQTT 5), see
 # interop/paho_lanes.py: a worker pool of 4 consumers over 1,000 lanes (every message processed,
 # per-lane order, lane/lane-offset properties), a consumer killed mid-batch (nothing lost, handed
-# over as new PUBLISH packets), suspend of one lane (lane-suspend-ms) while others flow, retry
-# (lane-retry-ms) to the dead-letter topic at max_attempts, reject
-# (PUBACK 0x80) to $dlq/<group>/<topic>, TTL expiry, resume of one lane by lane-offset, quota and
-# key-length refusals, exclusive lane owners, two-level lane keys. Starts its own broker on a free 127.0.0.1 port
+# over as new PUBLISH packets), a lone holder resuming its session (DUP=1), suspend of one lane
+# (lane-suspend-ms) while others flow, retry (lane-retry-ms) to the dead-letter topic at
+# max_attempts, reject (PUBACK 0x80) to $dlq/<group>/<topic>, TTL expiry, resume of one lane by
+# lane-offset, new groups at latest / <n>, quota and key-length refusals, exclusive lane owners,
+# two-level lane keys, a member's Receive Maximum. Starts its own broker on a free 127.0.0.1 port
 # with ACL `default allow` and the lite parents the scenarios need.
 #
 #   bash interop/paho-lanes.sh [SCENARIO_SUBSTRING...]
@@ -82,7 +83,11 @@ key_levels = 1
 [[lite.parents]]
 name = \"mk\"
 pattern = \"mk/{lane}/#\"
-key_levels = 2"
+key_levels = 2
+
+[[lite.parents]]
+name = \"rm\"
+pattern = \"rm/{lane}/#\""
 start_broker "$TOML"
 
 OUT=$WORK/paho-lanes.out

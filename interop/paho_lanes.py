@@ -18,6 +18,7 @@ Lite parents the broker must have (declared by paho-lanes.sh; [lite] sweep_inter
     quota   quota/{lane}/#   max_lanes 3, max_key_bytes 8   refusals (group "qg")
     excl    excl/{lane}/#    exclusive               lane owners (group "ex")
     mk      mk/{lane}/#      key_levels 2            two-level keys (groups "mkg" on mk/+/+/#, "mk1")
+    rm      rm/{lane}/#      shared                  Receive Maximum of a member (group "rmg")
 
 Semantics: /work/shared/spec/lite.md (and docs/lanes.md once written). Every lane delivery
 carries the user properties `lane` (the key) and `lane-offset` (dense per lane from 0). Acks with
@@ -594,6 +595,59 @@ def s_new_group_latest():
           f"one-lane group with lane-offset=1: expected lt-a offsets 1, 2, 3, got {got1}")
 
 
+def s_receive_maximum():
+    """A member that CONNECTs with Receive Maximum 3 and acks slowly (40 ms per message, in a worker
+    thread) never has more than 3 lane deliveries un-acked (MQTT-3.3.4-9), although a lane batch
+    is 32 and 6 lanes x 5 messages are ready (parent rm, group rmg); all 30 arrive, in order per
+    lane."""
+    stop = threading.Event()
+    q: queue.Queue = queue.Queue()
+    out = {"now": 0, "max": 0}
+    lock = threading.Lock()
+
+    def handler(c, d):
+        with lock:
+            out["now"] += 1
+            out["max"] = max(out["max"], out["now"])
+        q.put(d)
+
+    c = LClient("rm-c", handler=handler)
+
+    def work():
+        while not stop.is_set():
+            try:
+                d = q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            time.sleep(0.04)
+            with lock:
+                out["now"] -= 1  # before the PUBACK: the next PUBLISH can only follow it
+            c.ack(d)
+
+    t = threading.Thread(target=work, name="rm-worker", daemon=True)
+    t.start()
+    try:
+        pub = LClient("rm-pub", handler=None).connect()
+        pub.publish_many([(f"rm/r-{lane}/x", f"r-{lane}:{seq}".encode()) for lane in range(6) for seq in range(5)])
+        c.connect(ReceiveMaximum=3)
+        c.subscribe_lane("$share/rmg/rm/+/#", qos=1)
+        ok = poll_until(lambda: len({d.text for d in c.deliveries}) >= 30, 10)
+        wait_quiet([c], 0.3, 2)
+    finally:
+        stop.set()
+        t.join(2)
+    handler_errors([c])
+    got = {d.text for d in c.deliveries}
+    check(ok, f"only {len(got)} of 30 delivered within 10 s")
+    check(out["max"] <= 3, f"{out['max']} lane deliveries un-acked at once at a client with Receive Maximum 3")
+    per = defaultdict(list)
+    for d in c.deliveries:
+        per[d.lane].append(d.off)
+    bad = {k: v for k, v in per.items() if v != list(range(5))}
+    check(not bad, f"lanes not delivered 0..4 once each in order: {bad}")
+    note(f"at most {out['max']} un-acked at once")
+
+
 def s_suspend_one_lane():
     """Group `sus` on tasks/+/#. Lane sus-a: #0 is answered with PUBACK 0x00 + lane-suspend-ms=1500
     and #1 is published during the pause: nothing of sus-a is delivered for 1.5 s, then #0 comes
@@ -601,7 +655,7 @@ def s_suspend_one_lane():
     10 messages on other lanes flow (each delivered within 0.5 s of its publish). Lane sus-b (one
     message) is suspended 3 times for 100 ms: with max_attempts = 2 on this parent, suspends count
     no attempt, so nothing goes to $dlq, and the final PUBACK 0x00 commits it (a later #1 has
-    lane-offset 1 and #0 does not come again)."""
+    lane-offset 1 and #0 does not come again). Lane sus-c: lane-suspend-ms=1 is clamped to 50 ms."""
     st = Counter()
 
     def handler(c, d):
@@ -615,6 +669,11 @@ def s_suspend_one_lane():
             if st["b"] <= 3:
                 c.puback(d, 0, [("lane-suspend-ms", "100")])
                 return
+        if d.lane == "sus-c" and d.off == 0:
+            st["c"] += 1
+            if st["c"] == 1:
+                c.puback(d, 0, [("lane-suspend-ms", "1")])  # clamped to 50 ms
+                return
         c.ack(d)
 
     dlq = LClient("su-dlq").connect()
@@ -627,12 +686,13 @@ def s_suspend_one_lane():
     t_s = cons.deliveries[[d.text for d in cons.deliveries].index("sus-a:0")].t
     pub.publish("tasks/sus-a/x", b"sus-a:1")
     pub.publish("tasks/sus-b/x", b"sus-b:0")
+    pub.publish("tasks/sus-c/x", b"sus-c:0")
     pub_t = {}
     for i in range(10):
         pub_t[f"sus-o{i}:0"] = time.monotonic()
         pub.publish(f"tasks/sus-o{i}/x", f"sus-o{i}:0".encode())
         time.sleep(0.1)
-    ok = wait_until(lambda: st["b"] >= 4 and any(d.text == "sus-a:1" for d in cons.deliveries), 8)
+    ok = wait_until(lambda: st["b"] >= 4 and st["c"] >= 2 and any(d.text == "sus-a:1" for d in cons.deliveries), 8)
     if ok:
         pub.publish("tasks/sus-b/x", b"sus-b:1")
         wait_until(lambda: any(d.text == "sus-b:1" for d in cons.deliveries), 5)
@@ -660,6 +720,12 @@ def s_suspend_one_lane():
     for i in (1, 2, 3):
         g = b[i].t - b[i - 1].t
         check(g >= 0.1, f"sus-b suspend #{i} of 100 ms: redelivered after {g:.3f}s ({bdesc})")
+    cc = [d for d in ds if d.lane == "sus-c"]
+    cdesc = [(d.text, d.off, int(d.dup), round(d.t - cc[0].t, 3)) for d in cc] if cc else []
+    check([(d.text, d.off) for d in cc] == [("sus-c:0", 0)] * 2,
+          f"sus-c (lane-suspend-ms=1, then acked): expected #0 twice, got {cdesc}")
+    check(cc[1].t - cc[0].t >= 0.05, f"lane-suspend-ms=1 must be clamped to 50 ms, redelivered after "
+                                     f"{cc[1].t - cc[0].t:.3f}s")
     others = {d.text: d for d in ds if d.lane and d.lane.startswith("sus-o")}
     miss = sorted(set(pub_t) - set(others))
     check(not miss, f"other lanes' messages not delivered: {miss}")
