@@ -6,10 +6,11 @@
 # (lane-suspend-ms) while others flow, retry (lane-retry-ms) to the dead-letter topic at
 # max_attempts, reject (PUBACK 0x80) to $dlq/<group>/<topic>, TTL expiry, resume of one lane by
 # lane-offset, new groups at latest / <n>, quota and key-length refusals, exclusive lane owners,
-# two-level lane keys, a member's Receive Maximum. Starts its own broker on a free 127.0.0.1 port
-# with ACL `default allow` and the lite parents the scenarios need.
+# two-level lane keys, a member's Receive Maximum; then group offsets and lanes across a broker
+# restart (paho_lanes.py --restart-phase 1, restart on the same data dir, phase 2). Starts its own
+# broker on a free 127.0.0.1 port with ACL `default allow` and the lite parents the scenarios need.
 #
-#   bash interop/paho-lanes.sh [SCENARIO_SUBSTRING...]
+#   bash interop/paho-lanes.sh [SCENARIO_SUBSTRING...]   ("restart": the broker-restart one)
 #
 # Needs interop/.venv with paho-mqtt 2.x (tests/run-all.sh creates it):
 #   python3 -m venv interop/.venv && interop/.venv/bin/pip install 'paho-mqtt==2.*'
@@ -100,6 +101,19 @@ if [ "$rc" -ne 0 ] && ! grep -q '^FAIL:' "$OUT"; then
 fi
 if ! kill -0 "$BROKER_PID" 2>/dev/null; then
   fail "broker" "the broker process is gone after the scenarios"
+fi
+
+# Group offsets and lanes across a graceful broker restart (same data dir): phase 1, restart,
+# phase 2.
+if [ $# -eq 0 ] || [[ " $* " == *" restart "* ]]; then
+  timeout 30 "$PY" -u "$INTEROP_ROOT/interop/paho_lanes.py" --port "$PORT" --restart-phase 1 | tee "$OUT"
+  add_results "$OUT"
+  if grep -q '^PASS:' "$OUT"; then
+    stop_broker
+    start_broker "$TOML"
+    timeout 30 "$PY" -u "$INTEROP_ROOT/interop/paho_lanes.py" --port "$PORT" --restart-phase 2 | tee "$OUT"
+    add_results "$OUT"
+  fi
 fi
 
 summary paho-lanes
