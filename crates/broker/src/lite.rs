@@ -769,6 +769,8 @@ impl Dispatcher {
         let Some(g) = self.groups.get_mut(&tag.group) else {
             return;
         };
+        // The group offset moves with every acknowledgement (the first unacknowledged one).
+        advance(g, tag.lane, &mut self.dirty, &self.engine);
         if finished {
             if let Some(run) = g.runs.get_mut(&tag.lane) {
                 run.batch = None;
