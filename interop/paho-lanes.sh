@@ -14,7 +14,7 @@
 #
 # Needs interop/.venv with paho-mqtt 2.x (tests/run-all.sh creates it):
 #   python3 -m venv interop/.venv && interop/.venv/bin/pip install 'paho-mqtt==2.*'
-# Environment: PAHO_PYTHON (default interop/.venv/bin/python), PAHO_LANES_VERBOSE=1, LANEMQ_BIN,
+# Environment: PAHO_PYTHON (default interop/.venv/bin/python), LANEMQ_BIN,
 # KEEP_TMP=1 (lib.sh).
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"

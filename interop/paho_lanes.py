@@ -54,7 +54,6 @@ from paho.mqtt.subscribeoptions import SubscribeOptions  # noqa: E402
 import paho_scenarios as ps  # noqa: E402
 from paho_scenarios import Failure, check  # noqa: E402
 
-VERBOSE = bool(os.environ.get("PAHO_LANES_VERBOSE"))
 PUBACK = 0x40
 
 # One order over the deliveries of all clients: a delivery gets the next number when its
