@@ -1181,6 +1181,7 @@ impl Conn {
             self.client_id.clone(),
         );
         msg.username = self.username.clone();
+        msg.in_lane = lane.is_some();
         let pid = (p.qos == QoS::ExactlyOnce).then_some(p.packet_id);
         let rec = crate::persist::record_in(&msg, pid);
         let cb: lanemq_store::Callback = if fast && !retain {
@@ -1244,7 +1245,7 @@ impl Conn {
             .messages_received
             .fetch_add(1, Ordering::Relaxed);
         // 0x10 only tells a publisher nobody got it; a retained message is kept for later.
-        let kept = msg.retain && !msg.payload.is_empty();
+        let kept = (msg.retain && !msg.payload.is_empty()) || msg.in_lane;
         let ingested = self.broker.deliver_with(msg, deferred);
         for s in ingested.congested {
             if !Arc::ptr_eq(&s, &self.session) && !self.congested.iter().any(|c| Arc::ptr_eq(c, &s))

@@ -1212,12 +1212,25 @@ impl Dispatcher {
             .by_name
             .get(&(parent, Arc::from(group)))
             .and_then(|id| self.groups.get(id));
+        let start = g.map(|g| g.start).or_else(|| {
+            self.engine
+                .group_meta(parent, group)
+                .ok()
+                .flatten()
+                .map(|v| Start::decode(&v))
+        });
         let committed = g
             .and_then(|g| g.committed.get(&lane).copied())
             .or_else(|| self.engine.load_commit(lane, group).ok().flatten())
-            .unwrap_or(match g.map(|g| g.start) {
+            .unwrap_or_else(|| match start {
                 Some(Start::Offset(n)) => n.min(next),
-                Some(Start::Latest(_)) => next,
+                // The first entry stored after the group was created.
+                Some(Start::Latest(pos)) => self
+                    .engine
+                    .read_lane(lane, 0, 100_000)
+                    .ok()
+                    .and_then(|e| e.into_iter().find(|(_, p, _)| *p >= pos).map(|e| e.0))
+                    .unwrap_or(next),
                 _ => 0,
             });
         let run = g.and_then(|g| g.runs.get(&lane));

@@ -25,6 +25,8 @@ pub struct Message {
     pub offset: u64,
     /// The publisher's user name (stored for stream key expressions; never forwarded).
     pub username: Option<Arc<str>>,
+    /// Stored in a lane (its groups consume it later: a publisher is not told 0x10).
+    pub in_lane: bool,
 }
 
 /// `Message::offset` of a message that is not in the log.
@@ -55,6 +57,7 @@ impl Message {
             timestamp_us: now_us(),
             offset: NOT_STORED,
             username: None,
+            in_lane: false,
         }
     }
 
@@ -78,6 +81,7 @@ impl Message {
             timestamp_us: r.timestamp_us,
             offset: r.offset,
             username: r.properties.username.as_deref().map(Arc::from),
+            in_lane: false,
         }
     }
 

@@ -158,6 +158,9 @@ struct StoredParent {
     def: ParentDef,
 }
 
+/// Key of the next parent id in `l_parents` (names cannot contain NUL).
+const NEXT_ID_KEY: &[u8] = b"\0next_id";
+
 fn lane_key(tag: u8, lane: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = tag;
@@ -214,7 +217,10 @@ impl Engine {
         };
         let mut list = Vec::new();
         for kv in e.parents_tree.iter() {
-            let (_, v) = kv?;
+            let (k, v) = kv?;
+            if &*k == NEXT_ID_KEY {
+                continue;
+            }
             let sp: StoredParent = serde_json::from_slice(&v)
                 .map_err(|x| LiteError::Storage(format!("bad stored parent: {x}")))?;
             let pattern = Pattern::compile(&sp.def.pattern, sp.def.key_levels)
@@ -773,7 +779,19 @@ impl Engine {
                 message: m,
             }])
         })?;
-        let id = list.iter().map(|p| p.id + 1).max().unwrap_or(1);
+        // Ids are never reused (a deleted parent's state must not pass to a new one).
+        let stored_next = self
+            .parents_tree
+            .get(NEXT_ID_KEY)?
+            .map_or(1, |v| be64(&v) as u32);
+        let id = list
+            .iter()
+            .map(|p| p.id + 1)
+            .max()
+            .unwrap_or(1)
+            .max(stored_next);
+        self.parents_tree
+            .insert(NEXT_ID_KEY, &u64::from(id + 1).to_be_bytes())?;
         let p = Arc::new(Parent { id, def, pattern });
         self.store_parent(&p)?;
         let mut v: Vec<Arc<Parent>> = list.iter().cloned().collect();
@@ -853,6 +871,8 @@ impl Engine {
             for id in &ids {
                 t.lanes.remove(id);
             }
+            let gone: std::collections::HashSet<u64> = ids.iter().copied().collect();
+            t.pending.retain(|p| !gone.contains(&p.lane));
             ids
         };
         for id in &ids {

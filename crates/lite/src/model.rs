@@ -285,6 +285,14 @@ impl Pattern {
         if levels.get(i) == Some(&"#") {
             return Some(LaneSel::All);
         }
+        // `+` levels up to a `#` (`mk/+/#` with a two-level key) select every lane too.
+        let avail = &levels[i.min(levels.len())..];
+        if let Some(h) = avail.iter().take(self.key_levels).position(|l| *l == "#") {
+            if avail[..h].iter().all(|l| *l == "+") {
+                return Some(LaneSel::All);
+            }
+            return None;
+        }
         let key_levels = levels.get(i..i + self.key_levels)?;
         if key_levels.iter().all(|l| *l == "+") {
             return Some(LaneSel::All);
@@ -347,6 +355,11 @@ mod tests {
         assert_eq!(p.lane_sel("#"), None);
         assert_eq!(p.lane_sel("other/+/#"), None);
         assert_eq!(p.lane_sel("agents"), None);
+        let p2 = Pattern::compile("mk/{lane}/#", 2).unwrap();
+        assert_eq!(p2.lane_sel("mk/+/#"), Some(LaneSel::All));
+        assert_eq!(p2.lane_sel("mk/+/+/#"), Some(LaneSel::All));
+        assert_eq!(p2.lane_sel("mk/a/b/#"), Some(LaneSel::One("a/b".into())));
+        assert_eq!(p2.lane_sel("mk/a/#"), None);
     }
 
     #[test]
