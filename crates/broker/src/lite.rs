@@ -339,6 +339,8 @@ struct Group {
     /// Lanes that found no member with room.
     blocked: HashSet<u64>,
     outstanding: HashMap<Arc<str>, usize>,
+    /// Round-robin position among members with equal load.
+    rr: usize,
 }
 
 /// Per-lane figures of one group, for the REST API.
@@ -521,6 +523,7 @@ impl Dispatcher {
                 in_ready: HashSet::new(),
                 blocked: HashSet::new(),
                 outstanding: HashMap::new(),
+                rr: 0,
             },
         );
         self.by_name.insert((j.parent, name), id);
@@ -1381,10 +1384,20 @@ fn choose(g: &mut Group, lane: u64, key: &str, mode: Mode, window: usize) -> Opt
             return room(g, m).then_some(i);
         }
     }
+    // The least loaded member; ties go round-robin, so lanes spread across the members even
+    // when every batch is answered before the next one is chosen.
+    let n = g.members.len().max(1);
+    let rr = g.rr % n;
+    g.rr = g.rr.wrapping_add(1);
     g.members
         .iter()
         .enumerate()
         .filter(|(_, m)| fits(m) && m.session.is_online() && room(g, m))
-        .min_by_key(|(_, m)| (g.outstanding.get(&m.client).copied().unwrap_or(0), m.joined))
+        .min_by_key(|(i, m)| {
+            (
+                g.outstanding.get(&m.client).copied().unwrap_or(0),
+                (i + n - rr) % n,
+            )
+        })
         .map(|(i, _)| i)
 }
