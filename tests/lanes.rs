@@ -488,3 +488,92 @@ async fn plain_one_lane_subscription_with_lane_offset_replays_then_goes_live() {
     let m = o.recv_publish_ack().await;
     assert_eq!(user_prop(&m, "lane"), None);
 }
+
+#[tokio::test]
+async fn rumqttc_worker_pool_consumes_every_lane_in_order() {
+    use rumqttc::v5::mqttbytes::QoS as RQ;
+    const LANES: usize = 300;
+    const PER_LANE: usize = 4;
+    let s = agents().await;
+    let mut rxs = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        let (c, mut rx) = rumqttc_v5(s.addr, &format!("pool-{i}")).await;
+        c.subscribe("$share/pool/agents/+/#", RQ::AtLeastOnce)
+            .await
+            .unwrap();
+        let ack = rumqttc_v5_suback(&mut rx).await;
+        assert_eq!(ack.return_codes.len(), 1);
+        clients.push(c);
+        rxs.push(rx);
+    }
+    let (publ, _prx) = rumqttc_v5(s.addr, "pool-pub").await;
+    for i in 0..PER_LANE {
+        for l in 0..LANES {
+            publ.publish(
+                format!("agents/l{l}/task"),
+                RQ::AtLeastOnce,
+                false,
+                format!("{l}:{i}"),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    // rumqttc acknowledges each PUBLISH as it is polled: batches keep moving.
+    let mut per_lane: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut per_member = [0usize; 4];
+    let mut by_member_lane: HashMap<(usize, String), Vec<u64>> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut total = 0;
+    while total < LANES * PER_LANE && Instant::now() < deadline {
+        for (i, rx) in rxs.iter_mut().enumerate() {
+            while let Ok(p) = rx.try_recv() {
+                if let rumqttc::v5::mqttbytes::v5::Packet::Publish(p) = p {
+                    let props = p.properties.clone().unwrap_or_default().user_properties;
+                    let get = |k: &str| {
+                        props
+                            .iter()
+                            .find(|(n, _)| n == k)
+                            .map(|(_, v)| v.clone())
+                            .unwrap()
+                    };
+                    let lane = get("lane");
+                    let off: u64 = get("lane-offset").parse().unwrap();
+                    assert_eq!(&p.topic[..], format!("agents/{lane}/task").as_bytes());
+                    assert_eq!(
+                        String::from_utf8(p.payload.to_vec()).unwrap(),
+                        format!("{}:{off}", &lane[1..])
+                    );
+                    by_member_lane
+                        .entry((i, lane.clone()))
+                        .or_default()
+                        .push(off);
+                    per_lane.entry(lane).or_default().push(off);
+                    per_member[i] += 1;
+                    total += 1;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(total, LANES * PER_LANE, "every message once");
+    for (lane, offs) in &per_lane {
+        // Channels of different members are read in turns, so compare the set; each member's
+        // own share of a lane must be in order.
+        let mut sorted = offs.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (0..PER_LANE as u64).collect::<Vec<_>>(),
+            "lane {lane}"
+        );
+    }
+    for (key, offs) in &by_member_lane {
+        assert!(offs.windows(2).all(|w| w[0] < w[1]), "{key:?}: {offs:?}");
+    }
+    assert_eq!(per_lane.len(), LANES);
+    for (i, n) in per_member.iter().enumerate() {
+        assert!(*n > 0, "member {i} got no lane: {per_member:?}");
+    }
+}
