@@ -472,13 +472,14 @@ impl Dispatcher {
         }
     }
 
-    fn group_id(&mut self, j: &Join) -> u64 {
+    /// The group of a join, created if needed; and whether it is new (no stored start).
+    fn group_id(&mut self, j: &Join) -> (u64, bool) {
         let name: Arc<str> = match &j.group {
             Some(g) => g.as_str().into(),
             None => format!("\u{1}{}\u{1}{}", j.session.client_id, j.filter).into(),
         };
         if let Some(&id) = self.by_name.get(&(j.parent, name.clone())) {
-            return id;
+            return (id, false);
         }
         let private = j.group.is_none();
         let stored = if private {
@@ -492,6 +493,7 @@ impl Dispatcher {
                 })
                 .map(|v| Start::decode(&v))
         };
+        let new = stored.is_none();
         let start = match stored {
             Some(s) => s,
             None => {
@@ -527,7 +529,7 @@ impl Dispatcher {
             },
         );
         self.by_name.insert((j.parent, name), id);
-        id
+        (id, new)
     }
 
     fn join(&mut self, j: Join) {
@@ -543,7 +545,7 @@ impl Dispatcher {
                 None => format!("\u{1}{}\u{1}{}", j.session.client_id, j.filter).into(),
             },
         ));
-        let gid = self.group_id(&j);
+        let (gid, new) = self.group_id(&j);
         let client = j.session.client_id.clone();
         let joined = self.next_epoch;
         self.next_epoch += 1;
@@ -597,7 +599,8 @@ impl Dispatcher {
             Some(g) => g,
             None => return,
         };
-        let latest = matches!(g.start, Start::Latest(_)) && fresh;
+        // A group created just now at `latest` has nothing to catch up on.
+        let latest = matches!(g.start, Start::Latest(_)) && new;
         for (lane, next) in lanes {
             if next > 0 && !latest {
                 push_ready(g, lane);
