@@ -894,13 +894,23 @@ impl Dispatcher {
     }
 
     fn index(&mut self) {
-        let entries: Vec<Pending> = match self.engine.index_durable() {
-            Ok(e) => e,
-            Err(e) => {
-                warn!(error = %e, "cannot index lane entries");
-                return;
+        let mut entries: Vec<Pending> = Vec::new();
+        // A backlog is indexed in bounded batches, then dispatch gets its turn.
+        for _ in 0..8 {
+            match self.engine.index_durable() {
+                Ok(e) => {
+                    let full = e.len() >= lanemq_lite::engine::INDEX_BATCH_MAX;
+                    entries.extend(e);
+                    if !full {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot index lane entries");
+                    break;
+                }
             }
-        };
+        }
         if entries.is_empty() || self.groups.is_empty() {
             return;
         }

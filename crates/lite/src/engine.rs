@@ -158,6 +158,9 @@ struct StoredParent {
     def: ParentDef,
 }
 
+/// Most lane entries written to sled in one batch.
+pub const INDEX_BATCH_MAX: usize = 4096;
+
 /// Key of the next parent id in `l_parents` (names cannot contain NUL).
 const NEXT_ID_KEY: &[u8] = b"\0next_id";
 
@@ -500,7 +503,11 @@ impl Engine {
         let committed = self.store.committed_offset();
         let (done, watermark, metas) = {
             let mut t = self.lock();
-            let n = t.pending.partition_point(|p| p.pos < committed);
+            // Bounded sled batches: one huge batch makes sled hold its whole image in memory.
+            let n = t
+                .pending
+                .partition_point(|p| p.pos < committed)
+                .min(INDEX_BATCH_MAX);
             if n == 0 {
                 return Ok(Vec::new());
             }
