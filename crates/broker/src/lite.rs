@@ -1178,7 +1178,14 @@ impl Dispatcher {
         if self.dirty.is_empty() {
             return;
         }
-        let commits = std::mem::take(&mut self.dirty);
+        // Many acks of a lane between two flushes: only the last offset is written.
+        let mut latest: HashMap<(u64, Arc<str>), u64> = HashMap::new();
+        for (lane, group, off) in std::mem::take(&mut self.dirty) {
+            let e = latest.entry((lane, group)).or_insert(off);
+            *e = (*e).max(off);
+        }
+        let commits: Vec<(u64, Arc<str>, u64)> =
+            latest.into_iter().map(|((l, g), o)| (l, g, o)).collect();
         if let Err(e) = self.engine.put_commits(&commits) {
             warn!(error = %e, "cannot store lane group offsets");
         }

@@ -4,7 +4,6 @@
 //!
 //! ```text
 //! 'w'                                   -> watermark u64: every lane hint of a record below it is indexed
-//! 'm' | lane u64                        -> parent u32 | key          (lane metadata, written at creation)
 //! 'i' | lane u64 | offset u64           -> log position u64 | store time µs u64
 //! 'g' | lane u64 | group                -> committed offset u64 (first unacknowledged)
 //! 'G' | parent u32 | group              -> group start policy (written when the group is new)
@@ -12,7 +11,9 @@
 //! Parents live in tree `l_parents` (name -> JSON `{id, def}`).
 //!
 //! The lane table is in memory: key -> lane id per parent (ordered, for pagination) and, per
-//! lane, its next offset and last publish time. A lane's offset is assigned by
+//! lane, its next offset and last publish time. Nothing per lane is written besides its
+//! entries: at start the lanes are found from their entries, the key from the topic of the
+//! newest record of each. A lane's offset is assigned by
 //! [`Engine::assign`] under the log's append lock; the entry reaches sled once the record is
 //! durable ([`Engine::index_durable`]). After a crash, [`Engine::open`] rebuilds the table from
 //! the metadata, the last index entry of every lane, and the log after the watermark.
@@ -283,30 +284,41 @@ impl Engine {
     }
 
     fn recover(&self) -> Result<(), LiteError> {
-        let parents = self.parents();
         let mut t = self.lock();
         let mut max_id = 0u64;
         let mut orphans = Vec::new();
-        for kv in self.tree.scan_prefix([b'm']) {
+        // Lanes are found from their index entries (no per-lane metadata is written: it would
+        // double the sled writes of lane creation). The key comes from the topic of the
+        // lane's newest stored record.
+        let mut last: Option<(u64, u64, u64, u64)> = None; // lane, last seq, last pos, last ts
+        let mut found: Vec<(u64, u64, u64, u64)> = Vec::new();
+        for kv in self.tree.scan_prefix([b'i']) {
             let (k, v) = kv?;
-            let lane = be64(&k[1..]);
-            max_id = max_id.max(lane + 1);
-            if v.len() < 4 {
+            if k.len() < 17 {
                 continue;
             }
-            let parent = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
-            if !parents.iter().any(|p| p.id == parent) {
+            let lane = be64(&k[1..9]);
+            let seq = be64(&k[9..17]);
+            let pos = be64(&v[..v.len().min(8)]);
+            let ts = be64(v.get(8..16).unwrap_or(&[]));
+            if let Some(l) = last.filter(|l| l.0 != lane) {
+                found.push(l);
+            }
+            last = Some((lane, seq, pos, ts));
+        }
+        found.extend(last);
+        for (lane, seq, pos, ts) in found {
+            max_id = max_id.max(lane + 1);
+            let found = match self.store.read(pos) {
+                Ok(r) => self.match_parent(&r.topic),
+                Err(_) => None,
+            };
+            let Some((parent, key)) = found else {
+                // Its parent is gone, or its records are: the lane goes.
                 orphans.push(lane);
                 continue;
-            }
-            let key: Box<str> = String::from_utf8_lossy(&v[4..]).into();
-            let (next, last) = match self.tree.scan_prefix(lane_key(b'i', lane)).next_back() {
-                Some(kv) => {
-                    let (k, v) = kv?;
-                    (be64(&k[9..]) + 1, be64(v.get(8..16).unwrap_or(&[])))
-                }
-                None => (0, now_us()),
             };
+            let key: Box<str> = key.into();
             t.by_key
                 .entry(parent)
                 .or_default()
@@ -316,8 +328,8 @@ impl Engine {
                 Lane {
                     parent,
                     key,
-                    next,
-                    last_pub_us: last,
+                    next: seq + 1,
+                    last_pub_us: ts,
                 },
             );
         }
@@ -352,14 +364,10 @@ impl Engine {
                     }
                     let mut t = self.lock();
                     if !t.lanes.contains_key(&h.id) {
-                        let Classified::Lane { parent, key } = self.classify_with(&t, &r.topic)
-                        else {
+                        let Some((parent, key)) = self.match_parent(&r.topic) else {
                             continue;
                         };
                         let key: Box<str> = key.into();
-                        let mut meta = parent.to_be_bytes().to_vec();
-                        meta.extend_from_slice(key.as_bytes());
-                        b.insert(&lane_key(b'm', h.id), meta);
                         t.by_key
                             .entry(parent)
                             .or_default()
@@ -392,6 +400,13 @@ impl Engine {
         let lanes = self.lock().lanes.len();
         info!(lanes, replayed, "lite lanes recovered");
         Ok(())
+    }
+
+    /// The first parent whose pattern matches `topic`, and the key (no limits applied).
+    fn match_parent(&self, topic: &str) -> Option<(u32, String)> {
+        self.parents()
+            .iter()
+            .find_map(|p| p.pattern.key_of(topic).map(|k| (p.id, k.to_string())))
     }
 
     /// Classify a publish's topic: plain, a lane, or refused (key too long, quota).
@@ -501,7 +516,7 @@ impl Engine {
     /// them (the lanes that have new messages).
     pub fn index_durable(&self) -> Result<Vec<Pending>, LiteError> {
         let committed = self.store.committed_offset();
-        let (done, watermark, metas) = {
+        let (done, watermark) = {
             let mut t = self.lock();
             // Bounded sled batches: one huge batch makes sled hold its whole image in memory.
             let n = t
@@ -516,22 +531,9 @@ impl Engine {
                 .pending
                 .first()
                 .map_or(committed, |p| p.pos.min(committed));
-            let metas: Vec<(u64, Vec<u8>)> = done
-                .iter()
-                .filter(|p| p.new)
-                .filter_map(|p| {
-                    let l = t.lanes.get(&p.lane)?;
-                    let mut meta = l.parent.to_be_bytes().to_vec();
-                    meta.extend_from_slice(l.key.as_bytes());
-                    Some((p.lane, meta))
-                })
-                .collect();
-            (done, watermark, metas)
+            (done, watermark)
         };
         let mut b = sled::Batch::default();
-        for (lane, meta) in metas {
-            b.insert(&lane_key(b'm', lane), meta);
-        }
         for p in &done {
             let mut v = [0u8; 16];
             v[..8].copy_from_slice(&p.pos.to_be_bytes());
