@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# Lanes (lite topics, issue 6) figures for docs/benchmarks.md (not part of the test command).
+# Every broker is fresh (new data dir in a temp dir, admin API off) with the lite parent
+# `agents` = `agents/{lane}/#` (ttl_s large, so nothing expires during the run).
+#
+#   idle   create LANES lanes (`agents/l-<i>/x`, one QoS 1 message of PAYLOAD bytes each,
+#          PUBS connections, INFLIGHT window each): lane creation rate, broker RSS per idle lane;
+#          then the active phase on the same broker: ACTIVE lanes at RATE msg/s for SECS s
+#          (after WARMUP s) through a MEMBERS-member group `$share/bench/agents/+/#` that
+#          subscribes with `lane-offset=latest` (so the idle lanes' messages are not replayed).
+#   fresh  the same active phase on a fresh broker without the idle lanes (target: p99 within
+#          1.25x of the idle run).
+#   a2a    the RocketMQ-A2A shape: A2A_LANES lanes created, then A2A_RATE msg/s to random lanes
+#          among them for SECS s through the same group (target: p95 <= 10 ms).
+#   control (opt-in) LANES messages to topics outside any lite parent (`bench/l-<i>/x`): the
+#          broker RSS growth of storing the messages alone, to read the per-lane figure against.
+# The latency is publish (the bench writes the PUBLISH) to delivery (a member reads it), both in
+# this one process, QoS 1 both ways, every delivery PUBACKed. Every load is bounded; all traffic
+# is on 127.0.0.1.
+#
+# Environment: LANES=1000000 ACTIVE=1000 RATE=10000 SECS=10 WARMUP=1 MEMBERS=4
+#              A2A_LANES=500000 A2A_RATE=12500 PUBS=4 INFLIGHT=1000 PAYLOAD=100 FSYNC=interval
+#              SECTIONS="idle fresh a2a" (add "control")  SKIP_BUILD=1  KEEP_TMP=1
+#              LANEMQ_BIN=<target>/release/lanemq  LANEMQ_BENCH=<target>/release/lanemq-bench
+#              NO_LITE=1 (omit the [lite] section: a broker without lanes, to test the tool)
+# A quick run: LANES=20000 A2A_LANES=20000 SECS=5 interop/bench-lanes.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+LANES=${LANES:-1000000}
+ACTIVE=${ACTIVE:-1000}
+RATE=${RATE:-10000}
+SECS=${SECS:-10}
+WARMUP=${WARMUP:-1}
+MEMBERS=${MEMBERS:-4}
+A2A_LANES=${A2A_LANES:-500000}
+A2A_RATE=${A2A_RATE:-12500}
+PUBS=${PUBS:-4}
+INFLIGHT=${INFLIGHT:-1000}
+PAYLOAD=${PAYLOAD:-100}
+FSYNC=${FSYNC:-interval}
+SECTIONS=${SECTIONS:-"idle fresh a2a"}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${LANEMQ_BIN:-$TARGET/release/lanemq}
+BENCH=${LANEMQ_BENCH:-$TARGET/release/lanemq-bench}
+[ -n "${SKIP_BUILD:-}" ] || cargo build --release -p lanemq -p lanemq-bench >&2
+for b in "$BIN" "$BENCH"; do
+  [ -x "$b" ] || { echo "$b not found (cargo build --release -p lanemq -p lanemq-bench)" >&2; exit 2; }
+done
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-bench-lanes.XXXXXX")
+PID=""
+cleanup() {
+  if [ -n "$PID" ]; then
+    kill "$PID" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$PID" 2>/dev/null || true
+  fi
+  if [ "${KEEP_TMP:-0}" = 1 ]; then echo "temp dir kept: $TMP" >&2; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+  python3 - "$1" <<'PY'
+import socket, sys, time
+t0 = time.monotonic()
+while time.monotonic() - t0 < 120:
+    try:
+        socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.01)
+sys.exit(1)
+PY
+}
+config() {
+  {
+    printf '[server]\nsys_interval_s = 0\nacl_file = "%s/allow.acl"\n' "$TMP"
+    printf '[admin]\nenable = false\n[storage]\nfsync = "%s"\n' "$FSYNC"
+    if [ -z "${NO_LITE:-}" ]; then
+      printf '[lite]\nenable = true\n'
+      printf '[[lite.parents]]\nname = "agents"\npattern = "agents/{lane}/#"\n'
+      printf 'ttl_s = 2592000\nmode = "shared"\nmax_lanes = 100000000\n'
+    fi
+  } >"$TMP/cfg.toml"
+  echo "default allow" >"$TMP/allow.acl"
+}
+start() { # $1 name (data dir and log)
+  config
+  PORT=$(free_port)
+  "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$TMP/d-$1" --config "$TMP/cfg.toml" \
+    >>"$TMP/broker-$1.log" 2>&1 &
+  PID=$!
+  if ! wait_port "$PORT"; then
+    echo "broker did not start:" >&2
+    cat "$TMP/broker-$1.log" >&2
+    exit 2
+  fi
+}
+stop() {
+  kill "$PID" 2>/dev/null || true
+  wait "$PID" 2>/dev/null || true
+  PID=""
+}
+CMDS=()
+# bench NAME ARGS...: run lanemq-bench against the running broker, JSON to $TMP/NAME.json.
+bench() {
+  local name=$1
+  shift
+  local cmd=("$BENCH" --port "$PORT" --broker-pid "$PID" --payload "$PAYLOAD" --quiet "$@")
+  CMDS+=("$name: lanemq-bench ${*}")
+  echo "== $name: lanemq-bench $*" >&2
+  local rc=0
+  "${cmd[@]}" --json "$TMP/$name.json" >"$TMP/$name.txt" 2>&1 || rc=$?
+  cat "$TMP/$name.txt" >&2
+  if [ "$rc" != 0 ]; then
+    echo "lanemq-bench $name exited with $rc" >&2
+    tail -n 20 "$TMP"/broker-*.log >&2 || true
+    exit 1
+  fi
+}
+# field NAME PATH: a value from $TMP/NAME.json ("-" when absent).
+field() {
+  python3 - "$TMP/$1.json" "$2" <<'PY'
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))
+    for k in sys.argv[2].split("."):
+        v = v[k]
+except (OSError, KeyError, TypeError, ValueError):
+    v = None
+if v is None:
+    print("-")
+elif isinstance(v, float):
+    print(f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}")
+else:
+    print(v)
+PY
+}
+ms() { python3 -c 'import sys; v=sys.argv[1]; print("-" if v=="-" else "%.2f" % (float(v)/1000))' "$1"; }
+ratio() { python3 -c 'import sys; a,b=sys.argv[1:]; print("-" if "-" in (a,b) or float(b)==0 else "%.2fx" % (float(a)/float(b)))' "$1" "$2"; }
+
+CREATE=(--lanes create --publishers "$PUBS" --inflight "$INFLIGHT")
+ACTIVE_ARGS=(--lanes active --lanes-active "$ACTIVE" --rate "$RATE" --duration "$SECS" --warmup "$WARMUP"
+  --lanes-members "$MEMBERS" --lanes-offset latest --publishers "$PUBS" --inflight "$INFLIGHT" --drain 5)
+START=$(date -u +%FT%TZ)
+
+if [[ " $SECTIONS " == *" idle "* ]]; then
+  start idle
+  bench create --lanes-count "$LANES" "${CREATE[@]}"
+  bench active-idle "${ACTIVE_ARGS[@]}"
+  stop
+fi
+if [[ " $SECTIONS " == *" fresh "* ]]; then
+  start fresh
+  bench active-fresh "${ACTIVE_ARGS[@]}"
+  stop
+fi
+if [[ " $SECTIONS " == *" a2a "* ]]; then
+  start a2a
+  bench a2a-create --lanes-count "$A2A_LANES" "${CREATE[@]}"
+  bench a2a-active --lanes active --lanes-active "$A2A_LANES" --lanes-pick random --rate "$A2A_RATE" \
+    --duration "$SECS" --warmup "$WARMUP" --lanes-members "$MEMBERS" --lanes-offset latest \
+    --publishers "$PUBS" --inflight "$INFLIGHT" --drain 5
+  stop
+fi
+if [[ " $SECTIONS " == *" control "* ]]; then
+  start control
+  bench control --lanes-parent bench --lanes-count "$LANES" "${CREATE[@]}"
+  stop
+fi
+
+# ---- report
+echo
+echo "### lanes benchmark ($START)"
+echo
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB RAM;" \
+  "git $(git rev-parse --short HEAD 2>/dev/null || echo '?'); fsync=$FSYNC; payload $PAYLOAD B; QoS 1"
+echo
+echo "command: LANES=$LANES ACTIVE=$ACTIVE RATE=$RATE SECS=$SECS WARMUP=$WARMUP MEMBERS=$MEMBERS" \
+  "A2A_LANES=$A2A_LANES A2A_RATE=$A2A_RATE PUBS=$PUBS INFLIGHT=$INFLIGHT SECTIONS=\"$SECTIONS\" interop/bench-lanes.sh"
+echo
+echo "| figure | value | target |"
+echo "|---|---|---|"
+row() { echo "| $1 | $2 | ${3:-} |"; }
+if [ -f "$TMP/create.json" ]; then
+  row "lane creation ($LANES lanes, $PUBS publishers, window $INFLIGHT)" \
+    "$(field create lanes.lanes_per_sec) lanes/s ($(field create lanes.acked) acked, $(field create lanes.ack_errors) refused, $(field create lanes.publish_secs) s)"
+  row "broker RSS before / after / settled" \
+    "$(field create lanes.rss_before_kb) / $(field create lanes.rss_after_kb) / $(field create lanes.rss_settled_kb) KiB"
+  row "broker RSS per idle lane" "$(field create lanes.rss_per_lane_bytes) B" "≤ 300 B"
+fi
+if [ -f "$TMP/control.json" ]; then
+  row "control: RSS per message outside any parent ($LANES topics)" "$(field control lanes.rss_per_lane_bytes) B" ""
+fi
+active_rows() { # NAME LABEL
+  [ -f "$TMP/$1.json" ] || return 0
+  row "$2: latency p50 / p95 / p99 / max" \
+    "$(ms "$(field "$1" lanes.latency.p50_us)") / $(ms "$(field "$1" lanes.latency.p95_us)") / $(ms "$(field "$1" lanes.latency.p99_us)") / $(ms "$(field "$1" lanes.latency.max_us)") ms" "${3:-}"
+  row "$2: published / delivered / lost / dup" \
+    "$(field "$1" lanes.published) / $(field "$1" lanes.delivered) / $(field "$1" lanes.lost) / $(field "$1" lanes.duplicates) ($(field "$1" lanes.msgs_per_sec) msg/s in)" "lost 0"
+  row "$2: per-lane order: sequence backwards / gaps; lane-offset breaks / backwards; missing lane props; stale" \
+    "$(field "$1" lanes.seq_backwards) / $(field "$1" lanes.seq_gaps); $(field "$1" lanes.offset_breaks) / $(field "$1" lanes.offset_backwards); $(field "$1" lanes.missing_props); $(field "$1" lanes.stale)" "0 / 0; 0 / 0; 0; 0"
+  row "$2: messages per member" "$(field "$1" lanes.per_member)" ""
+}
+active_rows active-idle "$ACTIVE active lanes at $RATE msg/s, $MEMBERS members, with $LANES idle lanes"
+active_rows active-fresh "$ACTIVE active lanes at $RATE msg/s, $MEMBERS members, fresh broker"
+if [ -f "$TMP/active-idle.json" ] && [ -f "$TMP/active-fresh.json" ]; then
+  row "p99 with idle lanes / p99 fresh" \
+    "$(ratio "$(field active-idle lanes.latency.p99_us)" "$(field active-fresh lanes.latency.p99_us)")" "≤ 1.25x"
+fi
+if [ -f "$TMP/a2a-create.json" ]; then
+  row "A2A: $A2A_LANES lanes created" "$(field a2a-create lanes.lanes_per_sec) lanes/s, RSS per lane $(field a2a-create lanes.rss_per_lane_bytes) B"
+fi
+active_rows a2a-active "A2A: $A2A_RATE msg/s to random lanes of $A2A_LANES"
+if [ -f "$TMP/a2a-active.json" ]; then
+  row "A2A p95" "$(ms "$(field a2a-active lanes.latency.p95_us)") ms" "≤ 10 ms"
+fi
+echo
+echo "commands (each on a fresh broker per section, --port/--broker-pid/--payload $PAYLOAD/--quiet added):"
+for c in "${CMDS[@]}"; do echo "    $c"; done
