@@ -19,11 +19,12 @@
 # is on 127.0.0.1.
 #
 # Environment: LANES=1000000 ACTIVE=1000 RATE=10000 SECS=10 WARMUP=1 MEMBERS=4
-#              A2A_LANES=500000 A2A_RATE=12500 PUBS=4 INFLIGHT=1000 PAYLOAD=100 FSYNC=interval
-#              SECTIONS="idle fresh a2a" (add "control")  SKIP_BUILD=1  KEEP_TMP=1
+#              A2A_LANES=LANES/2 A2A_RATE=12500 PUBS=4 INFLIGHT=1000 PAYLOAD=100 FSYNC=interval
+#              SECTIONS="idle fresh a2a" (add "control")  REPEAT=1 (active runs per broker in
+#              idle/fresh, alternating; the table shows the median run by p99)  SKIP_BUILD=1  KEEP_TMP=1
 #              LANEMQ_BIN=<target>/release/lanemq  LANEMQ_BENCH=<target>/release/lanemq-bench
 #              NO_LITE=1 (omit the [lite] section: a broker without lanes, to test the tool)
-# A quick run: LANES=20000 A2A_LANES=20000 SECS=5 interop/bench-lanes.sh
+# A quick run (under a minute): LANES=20000 SECS=5 interop/bench-lanes.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -33,13 +34,14 @@ RATE=${RATE:-10000}
 SECS=${SECS:-10}
 WARMUP=${WARMUP:-1}
 MEMBERS=${MEMBERS:-4}
-A2A_LANES=${A2A_LANES:-500000}
+A2A_LANES=${A2A_LANES:-$((LANES / 2))}
 A2A_RATE=${A2A_RATE:-12500}
 PUBS=${PUBS:-4}
 INFLIGHT=${INFLIGHT:-1000}
 PAYLOAD=${PAYLOAD:-100}
 FSYNC=${FSYNC:-interval}
 SECTIONS=${SECTIONS:-"idle fresh a2a"}
+REPEAT=${REPEAT:-1}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${LANEMQ_BIN:-$TARGET/release/lanemq}
 BENCH=${LANEMQ_BENCH:-$TARGET/release/lanemq-bench}
@@ -49,12 +51,14 @@ for b in "$BIN" "$BENCH"; do
 done
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-bench-lanes.XXXXXX")
 PID=""
+ALL_PIDS=()
 cleanup() {
-  if [ -n "$PID" ]; then
-    kill "$PID" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$PID" 2>/dev/null || true
-  fi
+  local p
+  for p in "${ALL_PIDS[@]}"; do
+    kill "$p" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$p" 2>/dev/null || true
+  done
   if [ "${KEEP_TMP:-0}" = 1 ]; then echo "temp dir kept: $TMP" >&2; else rm -rf "$TMP"; fi
 }
 trap cleanup EXIT
@@ -86,22 +90,31 @@ config() {
   } >"$TMP/cfg.toml"
   echo "default allow" >"$TMP/allow.acl"
 }
-start() { # $1 name (data dir and log)
+start() { # $1 name (data dir and log): sets PORT and PID (also PORT_<name>, PID_<name>)
   config
   PORT=$(free_port)
   "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$TMP/d-$1" --config "$TMP/cfg.toml" \
     >>"$TMP/broker-$1.log" 2>&1 &
   PID=$!
+  ALL_PIDS+=("$PID")
+  printf -v "PID_$1" %s "$PID"
+  printf -v "PORT_$1" %s "$PORT"
   if ! wait_port "$PORT"; then
     echo "broker did not start:" >&2
     cat "$TMP/broker-$1.log" >&2
     exit 2
   fi
 }
-stop() {
-  kill "$PID" 2>/dev/null || true
-  wait "$PID" 2>/dev/null || true
-  PID=""
+stop() { # [name]: the broker started last, or the named one
+  local p=$PID
+  [ -z "${1:-}" ] || { p=PID_$1; p=${!p}; }
+  kill "$p" 2>/dev/null || true
+  wait "$p" 2>/dev/null || true
+}
+use() { # name: run the next bench against that broker
+  local v=PID_$1 w=PORT_$1
+  PID=${!v}
+  PORT=${!w}
 }
 CMDS=()
 # bench NAME ARGS...: run lanemq-bench against the running broker, JSON to $TMP/NAME.json.
@@ -146,17 +159,24 @@ ACTIVE_ARGS=(--lanes active --lanes-active "$ACTIVE" --rate "$RATE" --duration "
   --lanes-members "$MEMBERS" --lanes-offset latest --publishers "$PUBS" --inflight "$INFLIGHT" --drain 5)
 START=$(date -u +%FT%TZ)
 
+# idle and fresh: both brokers run side by side (only one has load at a time) and the active
+# phase alternates between them REPEAT times, so drift of the machine hits both alike.
+HAVE_IDLE= HAVE_FRESH=
 if [[ " $SECTIONS " == *" idle "* ]]; then
   start idle
+  HAVE_IDLE=1
   bench create --lanes-count "$LANES" "${CREATE[@]}"
-  bench active-idle "${ACTIVE_ARGS[@]}"
-  stop
 fi
 if [[ " $SECTIONS " == *" fresh "* ]]; then
   start fresh
-  bench active-fresh "${ACTIVE_ARGS[@]}"
-  stop
+  HAVE_FRESH=1
 fi
+for ((r = 1; r <= REPEAT; r++)); do
+  if [ -n "$HAVE_IDLE" ]; then use idle; bench "active-idle-$r" "${ACTIVE_ARGS[@]}"; fi
+  if [ -n "$HAVE_FRESH" ]; then use fresh; bench "active-fresh-$r" "${ACTIVE_ARGS[@]}"; fi
+done
+[ -z "$HAVE_IDLE" ] || stop idle
+[ -z "$HAVE_FRESH" ] || stop fresh
 if [[ " $SECTIONS " == *" a2a "* ]]; then
   start a2a
   bench a2a-create --lanes-count "$A2A_LANES" "${CREATE[@]}"
@@ -178,7 +198,7 @@ echo
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB RAM;" \
   "git $(git rev-parse --short HEAD 2>/dev/null || echo '?'); fsync=$FSYNC; payload $PAYLOAD B; QoS 1"
 echo
-echo "command: LANES=$LANES ACTIVE=$ACTIVE RATE=$RATE SECS=$SECS WARMUP=$WARMUP MEMBERS=$MEMBERS" \
+echo "command: LANES=$LANES ACTIVE=$ACTIVE RATE=$RATE SECS=$SECS WARMUP=$WARMUP MEMBERS=$MEMBERS REPEAT=$REPEAT" \
   "A2A_LANES=$A2A_LANES A2A_RATE=$A2A_RATE PUBS=$PUBS INFLIGHT=$INFLIGHT SECTIONS=\"$SECTIONS\" interop/bench-lanes.sh"
 echo
 echo "| figure | value | target |"
@@ -204,11 +224,35 @@ active_rows() { # NAME LABEL
     "$(field "$1" lanes.seq_backwards) / $(field "$1" lanes.seq_gaps); $(field "$1" lanes.offset_breaks) / $(field "$1" lanes.offset_backwards); $(field "$1" lanes.missing_props); $(field "$1" lanes.stale)" "0 / 0; 0 / 0; 0; 0"
   row "$2: messages per member" "$(field "$1" lanes.per_member)" ""
 }
-active_rows active-idle "$ACTIVE active lanes at $RATE msg/s, $MEMBERS members, with $LANES idle lanes"
-active_rows active-fresh "$ACTIVE active lanes at $RATE msg/s, $MEMBERS members, fresh broker"
-if [ -f "$TMP/active-idle.json" ] && [ -f "$TMP/active-fresh.json" ]; then
-  row "p99 with idle lanes / p99 fresh" \
-    "$(ratio "$(field active-idle lanes.latency.p99_us)" "$(field active-fresh lanes.latency.p99_us)")" "≤ 1.25x"
+# median NAME: the run NAME-<r> with the median p99 (the lower middle one for an even REPEAT).
+median() {
+  python3 - "$TMP" "$1" "$REPEAT" <<'PY'
+import json, sys
+tmp, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+runs = []
+for r in range(1, n + 1):
+    try:
+        runs.append((json.load(open(f"{tmp}/{name}-{r}.json"))["lanes"]["latency"]["p99_us"], r))
+    except (OSError, KeyError, TypeError, ValueError):
+        pass
+runs.sort()
+print(f"{name}-{runs[(len(runs) - 1) // 2][1]}" if runs else "-")
+PY
+}
+p99s() { # NAME: the p99 of every run, ms
+  local r out=""
+  for ((r = 1; r <= REPEAT; r++)); do out+="$(ms "$(field "$1-$r" lanes.latency.p99_us)") "; done
+  echo "${out% }"
+}
+MI=$(median active-idle)
+MF=$(median active-fresh)
+[ "$MI" = - ] || active_rows "$MI" "$ACTIVE active lanes at $RATE msg/s, $MEMBERS members, with $LANES idle lanes"
+[ "$REPEAT" = 1 ] || [ "$MI" = - ] || row "with $LANES idle lanes: p99 of each run" "$(p99s active-idle) ms"
+[ "$MF" = - ] || active_rows "$MF" "$ACTIVE active lanes at $RATE msg/s, $MEMBERS members, fresh broker"
+[ "$REPEAT" = 1 ] || [ "$MF" = - ] || row "fresh broker: p99 of each run" "$(p99s active-fresh) ms"
+if [ "$MI" != - ] && [ "$MF" != - ]; then
+  row "p99 with idle lanes / p99 fresh$([ "$REPEAT" = 1 ] || echo " (medians of $REPEAT)")" \
+    "$(ratio "$(field "$MI" lanes.latency.p99_us)" "$(field "$MF" lanes.latency.p99_us)")" "≤ 1.25x"
 fi
 if [ -f "$TMP/a2a-create.json" ]; then
   row "A2A: $A2A_LANES lanes created" "$(field a2a-create lanes.lanes_per_sec) lanes/s, RSS per lane $(field a2a-create lanes.rss_per_lane_bytes) B"
@@ -218,5 +262,5 @@ if [ -f "$TMP/a2a-active.json" ]; then
   row "A2A p95" "$(ms "$(field a2a-active lanes.latency.p95_us)") ms" "≤ 10 ms"
 fi
 echo
-echo "commands (each on a fresh broker per section, --port/--broker-pid/--payload $PAYLOAD/--quiet added):"
+echo "lanemq-bench commands (--port/--broker-pid/--payload $PAYLOAD/--quiet added; a fresh broker per section):"
 for c in "${CMDS[@]}"; do echo "    $c"; done
