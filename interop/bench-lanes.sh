@@ -21,7 +21,8 @@
 # Environment: LANES=1000000 ACTIVE=1000 RATE=10000 SECS=10 WARMUP=1 MEMBERS=4
 #              A2A_LANES=LANES/2 A2A_RATE=12500 PUBS=4 INFLIGHT=1000 PAYLOAD=100 FSYNC=interval
 #              SECTIONS="idle fresh a2a" (add "control")  REPEAT=1 (active runs per broker in
-#              idle/fresh, alternating; the table shows the median run by p99)  SKIP_BUILD=1  KEEP_TMP=1
+#              idle/fresh, alternating; the table shows the median run by p99)  PAUSE=3 (seconds after
+#              `sync` between a create phase and the active phase)  SKIP_BUILD=1  KEEP_TMP=1
 #              LANEMQ_BIN=<target>/release/lanemq  LANEMQ_BENCH=<target>/release/lanemq-bench
 #              NO_LITE=1 (omit the [lite] section: a broker without lanes, to test the tool)
 # A quick run (under a minute): LANES=20000 SECS=5 interop/bench-lanes.sh
@@ -42,6 +43,7 @@ PAYLOAD=${PAYLOAD:-100}
 FSYNC=${FSYNC:-interval}
 SECTIONS=${SECTIONS:-"idle fresh a2a"}
 REPEAT=${REPEAT:-1}
+PAUSE=${PAUSE:-3}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${LANEMQ_BIN:-$TARGET/release/lanemq}
 BENCH=${LANEMQ_BENCH:-$TARGET/release/lanemq-bench}
@@ -116,6 +118,12 @@ use() { # name: run the next bench against that broker
   PID=${!v}
   PORT=${!w}
 }
+# quiesce: after a create phase, write the dirty pages back (`sync`) and wait PAUSE seconds,
+# so the active phase does not measure the write-back of the creation.
+quiesce() {
+  sync
+  sleep "$PAUSE"
+}
 CMDS=()
 # bench NAME ARGS...: run lanemq-bench against the running broker, JSON to $TMP/NAME.json.
 bench() {
@@ -166,6 +174,7 @@ if [[ " $SECTIONS " == *" idle "* ]]; then
   start idle
   HAVE_IDLE=1
   bench create --lanes-count "$LANES" "${CREATE[@]}"
+  quiesce
 fi
 if [[ " $SECTIONS " == *" fresh "* ]]; then
   start fresh
@@ -180,6 +189,7 @@ done
 if [[ " $SECTIONS " == *" a2a "* ]]; then
   start a2a
   bench a2a-create --lanes-count "$A2A_LANES" "${CREATE[@]}"
+  quiesce
   bench a2a-active --lanes active --lanes-active "$A2A_LANES" --lanes-pick random --rate "$A2A_RATE" \
     --duration "$SECS" --warmup "$WARMUP" --lanes-members "$MEMBERS" --lanes-offset latest \
     --publishers "$PUBS" --inflight "$INFLIGHT" --drain 5
