@@ -43,6 +43,8 @@ pub struct Broker {
     auth: RwLock<Arc<Auth>>,
     /// Named streams: the registry and the index over the log.
     pub streams: Arc<lanemq_streams::engine::Engine>,
+    /// The lite-topic layer: lanes and their consumer groups.
+    pub lite: Arc<crate::lite::Lite>,
 }
 
 /// Authentication and authorization in force.
@@ -82,6 +84,7 @@ impl Broker {
         persist: Arc<Persist>,
         auth: Auth,
         streams: Arc<lanemq_streams::engine::Engine>,
+        lite: Arc<crate::lite::Lite>,
     ) -> Arc<Broker> {
         let (shutdown_tx, _) = watch::channel(false);
         Arc::new(Broker {
@@ -96,6 +99,7 @@ impl Broker {
             persist,
             auth: RwLock::new(Arc::new(auth)),
             streams,
+            lite,
         })
     }
 
@@ -209,6 +213,7 @@ impl Broker {
             }
             (subs, st.drain_pending())
         };
+        self.lite.send(crate::lite::Event::Ended(session.clone()));
         {
             let mut router = self.router.write().unwrap_or_else(|e| e.into_inner());
             for f in &subs {
@@ -235,8 +240,24 @@ impl Broker {
         }
     }
 
-    pub fn add_subscription(&self, _session: &Arc<Session>, full_filter: &str, sub: Subscriber) {
+    pub fn add_subscription(&self, session: &Arc<Session>, full_filter: &str, sub: Subscriber) {
         let (group, inner) = split_share(full_filter);
+        if let (Some(g), Some((parent, sel))) = (group, self.lite.lane_filter(inner)) {
+            // A lane group (restored or new without `lane-offset`): not in the router.
+            self.lite
+                .send(crate::lite::Event::Join(Box::new(crate::lite::Join {
+                    session: session.clone(),
+                    filter: full_filter.to_string(),
+                    group: Some(g.to_string()),
+                    parent,
+                    sel,
+                    inner: inner.to_string(),
+                    qos: sub.options.qos.min(QoS::AtLeastOnce),
+                    sub_id: sub.sub_id,
+                    start: None,
+                })));
+            return;
+        }
         self.router
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -245,6 +266,15 @@ impl Broker {
 
     pub fn remove_subscription(&self, session: &Arc<Session>, full_filter: &str) -> bool {
         let (group, inner) = split_share(full_filter);
+        if self.lite.lane_filter(inner).is_some() {
+            self.lite.send(crate::lite::Event::Leave {
+                client: session.client_id.clone(),
+                filter: full_filter.to_string(),
+            });
+            if group.is_some() {
+                return true;
+            }
+        }
         self.router
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -263,12 +293,54 @@ impl Broker {
     /// it meets the durability policy. Never blocks the runtime for long: a full submission
     /// queue is waited for with `block_in_place`.
     pub fn append(&self, rec: RecordIn, on_durable: Callback) -> Result<u64, StoreError> {
+        if self.lite.engine.active() {
+            if let lanemq_lite::engine::Classified::Lane { parent, key } =
+                self.lite.engine.classify(&rec.topic)
+            {
+                return self.append_lane(rec, on_durable, parent, &key);
+            }
+        }
+        self.append_plain(rec, on_durable)
+    }
+
+    /// [`Broker::append`] of a record already known not to belong to a lane.
+    pub fn append_plain(&self, rec: RecordIn, on_durable: Callback) -> Result<u64, StoreError> {
         match self.persist.store.try_append(rec, on_durable) {
             Ok(offset) => Ok(offset),
             Err(TryAppendError::Store(e)) => Err(e),
             Err(TryAppendError::Full(rec, cb)) => {
                 let store = self.persist.store.clone();
                 tokio::task::block_in_place(move || store.append(*rec, cb))
+            }
+        }
+    }
+
+    /// [`Broker::append`] of a message that goes into the lane `key` of `parent`: the lane
+    /// offset is assigned under the append lock and stored in the record.
+    pub fn append_lane(
+        &self,
+        rec: RecordIn,
+        on_durable: Callback,
+        parent: u32,
+        key: &str,
+    ) -> Result<u64, StoreError> {
+        let engine = self.lite.engine.clone();
+        let assign = |e: Arc<lanemq_lite::Engine>, key: String| {
+            move |pos: u64, hints: &mut Vec<lanemq_store::IndexHint>| {
+                hints.push(e.assign(parent, &key, pos));
+            }
+        };
+        match self.persist.store.try_append_with(
+            rec,
+            assign(engine.clone(), key.to_string()),
+            on_durable,
+        ) {
+            Ok(offset) => Ok(offset),
+            Err(TryAppendError::Store(e)) => Err(e),
+            Err(TryAppendError::Full(rec, cb)) => {
+                let store = self.persist.store.clone();
+                let a = assign(engine, key.to_string());
+                tokio::task::block_in_place(move || store.append_with(*rec, a, cb))
             }
         }
     }
@@ -341,6 +413,7 @@ impl Broker {
                 share: t.share,
                 seq: 0,
                 stream: None,
+                lane: None,
             };
             effects |= stored && d.qos != QoS::AtMostOnce;
             if self.push(&t.session, d) == PushOutcome::Congested {
@@ -577,6 +650,7 @@ impl Broker {
                         share: None,
                         seq,
                         stream: None,
+                        lane: None,
                     };
                     match inflight.get(&seq) {
                         Some(&(pid, stage)) => {

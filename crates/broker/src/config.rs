@@ -25,6 +25,38 @@ pub struct Config {
     pub streams: Vec<lanemq_streams::StreamDef>,
     /// The REST admin API.
     pub admin: AdminConfig,
+    /// The lite-topic layer (lanes): settings and the parents declared in the file.
+    pub lite: LiteConfig,
+}
+
+/// `[lite]`: the lite-topic layer (`docs/lanes.md`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LiteConfig {
+    /// How often lanes are checked for TTL expiry.
+    pub sweep_interval_ms: u64,
+    /// How often changed group offsets are made durable (a commit older than this survives
+    /// a crash).
+    pub flush_interval_ms: u64,
+    /// Upper clamp of `lane-suspend-ms` / `lane-retry-ms` (the lower one is 50 ms).
+    pub max_suspend_ms: u64,
+    /// Lane messages of one group queued or in flight to one member at most.
+    pub member_window: usize,
+    /// Parents declared in the file (`[[lite.parents]]`): created at start if missing,
+    /// updated if they differ. Parents created through the REST API live alongside.
+    pub parents: Vec<lanemq_lite::ParentDef>,
+}
+
+impl Default for LiteConfig {
+    fn default() -> Self {
+        LiteConfig {
+            sweep_interval_ms: 1000,
+            flush_interval_ms: 100,
+            max_suspend_ms: 3_600_000,
+            member_window: 1024,
+            parents: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -59,6 +91,7 @@ impl Default for Config {
             streams_config: lanemq_streams::GlobalSettings::default(),
             streams: Vec::new(),
             admin: AdminConfig::default(),
+            lite: LiteConfig::default(),
         }
     }
 }
@@ -381,6 +414,23 @@ impl Config {
         }
         if st.retention_interval_s == 0 {
             errors.push("storage.retention_interval_s: must be at least 1".to_string());
+        }
+        for (i, p) in self.lite.parents.iter().enumerate() {
+            for e in p.validate() {
+                errors.push(format!("lite.parents[{i}] ({:?}).{e}", p.name));
+            }
+            if self.lite.parents[..i].iter().any(|q| q.name == p.name) {
+                errors.push(format!(
+                    "lite.parents[{i}]: parent {:?} is declared twice",
+                    p.name
+                ));
+            }
+        }
+        if self.lite.sweep_interval_ms == 0 {
+            errors.push("lite.sweep_interval_ms must be at least 1".into());
+        }
+        if self.lite.max_suspend_ms < 50 {
+            errors.push("lite.max_suspend_ms must be at least 50".into());
         }
         for e in self.streams_config.validate() {
             errors.push(format!("streams_config.{e}"));

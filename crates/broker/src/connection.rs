@@ -549,6 +549,9 @@ impl Conn {
             feeders: HashMap::new(),
         };
         if resumed {
+            broker
+                .lite
+                .send(crate::lite::Event::Online(conn.session.clone()));
             conn.resend_inflight();
             let subs: Vec<Arc<StreamSub>> =
                 conn.session.lock().stream_subs.values().cloned().collect();
@@ -689,6 +692,9 @@ impl Conn {
                 if let Some(t) = &d.stream {
                     t.done();
                 }
+                if let Some(t) = d.lane {
+                    self.broker.lite.done(t);
+                }
                 continue;
             }
             let pid = if d.qos == QoS::AtMostOnce {
@@ -714,6 +720,9 @@ impl Conn {
                 if let Some(t) = &d.stream {
                     t.done();
                 }
+                if let Some(t) = d.lane {
+                    self.broker.lite.done(t);
+                }
                 dropped += 1;
                 continue;
             }
@@ -735,6 +744,9 @@ impl Conn {
             sent += 1;
             if let (Some(t), QoS::AtMostOnce) = (&d.stream, d.qos) {
                 t.done();
+            }
+            if let (Some(t), QoS::AtMostOnce) = (d.lane, d.qos) {
+                self.broker.lite.done(t);
             }
             if d.qos != QoS::AtMostOnce {
                 let stage = if d.qos == QoS::AtLeastOnce {
@@ -879,6 +891,11 @@ impl Conn {
                     .session
                     .lock()
                     .take_inflight(r.packet_id, InflightStage::PubAck);
+                if let Some(t) = done.as_ref().and_then(|d| d.delivery.lane) {
+                    self.broker
+                        .lite
+                        .ack(t, r.reason_code, &r.properties.user_properties);
+                }
                 self.forget(done.as_ref());
                 Ok(())
             }
@@ -1111,6 +1128,41 @@ impl Conn {
     /// ([`Conn::process_completions`]); a QoS 0 message that is not retained and has nothing
     /// queued before it is delivered at once (nothing depends on its durability).
     fn accept(&mut self, topic: Arc<str>, p: Publish, ack: Owed) -> Result<(), Close> {
+        use lanemq_lite::engine::Classified;
+        let lane = match self.broker.lite.engine.classify(&topic) {
+            Classified::Plain => None,
+            Classified::Lane { parent, key } => Some((parent, key)),
+            Classified::Refused { code, why } => {
+                // Key too long (0x90) or the parent's lane quota (0x97): not accepted.
+                self.broker
+                    .lite
+                    .engine
+                    .counters
+                    .publish_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(topic = %topic, %why, "publish refused by the lite layer");
+                if p.qos == QoS::ExactlyOnce {
+                    self.session.lock().inbound_qos2.remove(&p.packet_id);
+                }
+                if ack == Owed::Nothing {
+                    self.broker
+                        .stats
+                        .messages_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                } else if self.version.is_v5() {
+                    self.queue_ack(ack, code);
+                } else {
+                    // 3.1.1 has no reason codes: the PUBACK cannot say it; the message is
+                    // dropped and counted.
+                    self.broker
+                        .stats
+                        .messages_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.queue_ack(ack, rc::SUCCESS);
+                }
+                return Ok(());
+            }
+        };
         let persist = self.broker.persist.clone();
         // QoS 0 with nothing queued before it is delivered at once (a retained one updates
         // the retained table at once too; its index entry waits until the record is durable).
@@ -1145,7 +1197,11 @@ impl Conn {
                 c.waker.notify_one();
             })
         };
-        match self.broker.append(rec, cb) {
+        let appended = match &lane {
+            Some((parent, key)) => self.broker.append_lane(rec, cb, *parent, key),
+            None => self.broker.append_plain(rec, cb),
+        };
+        match appended {
             Ok(offset) => msg.offset = offset,
             Err(e) => {
                 warn!(error = %e, "cannot store a message: closing the connection unacknowledged");
@@ -1241,6 +1297,7 @@ impl Conn {
         if durable {
             // New records are committed: the stream indexer picks them up now.
             self.broker.streams.poke();
+            self.broker.lite.poke();
         }
         let low = self
             .pending
@@ -1394,6 +1451,56 @@ impl Conn {
             let mut options = f.options;
             options.qos = qos;
             let sub_id = s.properties.subscription_identifier;
+            if let Some((parent, sel)) = self.broker.lite.lane_filter(inner) {
+                use crate::lite::Start;
+                let next = self.broker.persist.store.next_offset();
+                let start = match Start::from_user_properties(&s.properties.user_properties, next) {
+                    Ok(st) => st,
+                    Err(why) => {
+                        reasons.push(format!("{}: {why}", f.filter));
+                        codes.push(if v5 {
+                            rc::IMPLEMENTATION_SPECIFIC_ERROR
+                        } else {
+                            rc::UNSPECIFIED_ERROR
+                        });
+                        continue;
+                    }
+                };
+                let one = matches!(sel, lanemq_lite::LaneSel::One(_));
+                if group.is_some() || (start.is_some() && one) {
+                    // A lane group (or a private replay of one lane): QoS at most 1
+                    // [MQTT-4.8.2-5 would strand a lane at QoS 2], never in the router.
+                    let qos = qos.min(QoS::AtLeastOnce);
+                    options.qos = qos;
+                    self.session
+                        .lock()
+                        .subscriptions
+                        .insert(f.filter.clone(), Subscription { options, sub_id });
+                    self.broker
+                        .lite
+                        .send(crate::lite::Event::Join(Box::new(crate::lite::Join {
+                            session: self.session.clone(),
+                            filter: f.filter.clone(),
+                            group: group.map(str::to_string),
+                            parent,
+                            sel,
+                            inner: inner.to_string(),
+                            qos,
+                            sub_id,
+                            start,
+                        })));
+                    if group.is_some() && self.persistent() {
+                        let t = self.broker.persist.submit(Op::SubPut {
+                            client: self.client_id.clone(),
+                            filter: f.filter.clone(),
+                            value: crate::persist::encode_sub(&options, sub_id),
+                        });
+                        sub_ticket = Some(t);
+                    }
+                    codes.push(qos.as_u8());
+                    continue;
+                }
+            }
             let existed = self
                 .session
                 .lock()
@@ -1431,6 +1538,7 @@ impl Conn {
                         share: None,
                         seq: 0,
                         stream: None,
+                        lane: None,
                     });
                 }
             }
@@ -1780,6 +1888,11 @@ impl Conn {
         };
         debug!(peer = %self.peer, will = close.will, "client disconnected");
         let broker = self.broker.clone();
+        if still_ours {
+            broker
+                .lite
+                .send(crate::lite::Event::Offline(self.session.clone()));
+        }
         if still_ours {
             if expiry > 0 {
                 broker.persist.submit(Op::SessionPut {

@@ -9,6 +9,7 @@ pub mod broker;
 pub mod config;
 pub mod connection;
 pub mod listener;
+pub mod lite;
 pub mod message;
 pub mod persist;
 pub mod router;

@@ -119,7 +119,27 @@ impl Server {
         streams
             .start()
             .map_err(|e| anyhow_lite::Error(format!("cannot start the stream indexer: {e}")))?;
-        let broker = Broker::new(config, persist, auth, streams);
+        let lite = {
+            let p = persist.clone();
+            let parents = config.lite.parents.clone();
+            tokio::task::spawn_blocking(move || {
+                let r = lanemq_lite::Engine::open(p.store.clone(), &p.index, &parents);
+                if r.is_err() {
+                    p.close();
+                }
+                r
+            })
+            .await
+            .map_err(|e| anyhow_lite::Error(e.to_string()))?
+            .map_err(|e| anyhow_lite::Error(format!("cannot open the lite layer: {e}")))?
+        };
+        lite.warn_overlaps();
+        let lite = Arc::new(crate::lite::Lite::new(lite, &config.lite));
+        let broker = Broker::new(config, persist, auth, streams, lite);
+        broker
+            .lite
+            .start(Arc::downgrade(&broker))
+            .map_err(|e| anyhow_lite::Error(format!("cannot start the lane dispatcher: {e}")))?;
         let restored = {
             let b = broker.clone();
             tokio::task::spawn_blocking(move || {
@@ -215,7 +235,9 @@ impl Server {
         }
         let persist = self.broker.persist.clone();
         let streams = self.broker.streams.clone();
+        let lite = self.broker.lite.clone();
         let _ = tokio::task::spawn_blocking(move || {
+            lite.stop();
             streams.close();
             persist.close();
         })

@@ -126,6 +126,8 @@ pub struct Delivery {
     /// Set for a message of a stream subscription (never persisted in the queue: the
     /// subscription's acknowledged position is).
     pub stream: Option<crate::streams::StreamTag>,
+    /// Set for a message of a lane group (never persisted in the queue: the group offset is).
+    pub lane: Option<crate::lite::LaneTag>,
 }
 
 /// The shared subscription a delivery came through.

@@ -234,6 +234,69 @@ impl Session {
         }
     }
 
+    /// Queue the deliveries of one lane batch (bounded by the lane dispatcher's member
+    /// window). False if the session has ended.
+    pub fn push_lane(&self, ds: Vec<Delivery>) -> bool {
+        let mut st = self.lock();
+        if st.ended {
+            return false;
+        }
+        let was_empty = st.queue.is_empty();
+        for d in ds {
+            st.queued_bytes += d.msg.cost();
+            st.queue.push_back(d);
+        }
+        if was_empty {
+            st.wake();
+        }
+        true
+    }
+
+    /// Remove lane deliveries matching `pred`, queued or in flight (a batch handed to another
+    /// member, an expired lane). Returns how many.
+    pub fn revoke_lane(&self, pred: impl Fn(&crate::lite::LaneTag) -> bool) -> usize {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let mut n = 0;
+        let mut freed = 0;
+        st.queue.retain(|d| {
+            let hit = d.lane.as_ref().is_some_and(&pred);
+            if hit {
+                n += 1;
+                freed += d.msg.cost();
+            }
+            !hit
+        });
+        st.queued_bytes = st.queued_bytes.saturating_sub(freed);
+        let pids = &mut st.pids_in_use;
+        st.inflight.retain(|i| {
+            let hit = i.delivery.lane.as_ref().is_some_and(&pred);
+            if hit {
+                n += 1;
+                pids.remove(&i.packet_id);
+            }
+            !hit
+        });
+        n
+    }
+
+    /// Remove the queued (not yet sent) lane deliveries matching `pred`; their offsets.
+    pub fn revoke_queued_lane(&self, pred: impl Fn(&crate::lite::LaneTag) -> bool) -> Vec<u64> {
+        let mut st = self.lock();
+        let mut out = Vec::new();
+        let mut freed = 0;
+        st.queue.retain(|d| match &d.lane {
+            Some(t) if pred(t) => {
+                out.push(t.offset);
+                freed += d.msg.cost();
+                false
+            }
+            _ => true,
+        });
+        st.queued_bytes = st.queued_bytes.saturating_sub(freed);
+        out
+    }
+
     /// Remove the queued (not yet sent) deliveries of stream subscription `sub`.
     pub fn drop_queued_stream(&self, sub: &Arc<StreamSub>) {
         let mut st = self.lock();

@@ -491,6 +491,7 @@ fn delivery(sub: &Arc<StreamSub>, m: lanemq_streams::engine::StreamMessage) -> D
             sub: sub.clone(),
             offset: m.offset,
         }),
+        lane: None,
     }
 }
 

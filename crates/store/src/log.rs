@@ -427,6 +427,16 @@ impl Store {
         self.submit(rec, |_, _| {}, on_durable, false)
     }
 
+    /// [`Store::try_append`] with an `assign` closure as in [`Store::append_with`].
+    pub fn try_append_with(
+        &self,
+        rec: RecordIn,
+        assign: impl FnOnce(u64, &mut Vec<IndexHint>),
+        on_durable: Callback,
+    ) -> Result<u64, TryAppendError> {
+        self.submit(rec, assign, on_durable, false)
+    }
+
     /// Like [`Store::append`], and `assign(offset, hints)` runs under the append lock with
     /// the offset being assigned, so a caller can hand out per-lane sequence numbers in log
     /// order and store them in the record. `assign` must be quick and must not call the store.

@@ -1,0 +1,1373 @@
+//! Lane consumer groups: the dispatcher of the lite-topic layer (`docs/lanes.md`).
+//!
+//! A group is an MQTT shared subscription `$share/<group>/<filter>` whose filter lies inside
+//! a lite parent; a plain subscription to one lane with the user property `lane-offset` is a
+//! private group of one member. Group subscriptions never enter the router: one dispatcher
+//! thread owns every group and is driven by events (new durable lane entries, acks,
+//! members joining, leaving, going offline or online, timers). Per (group, lane) at most one
+//! batch is in flight, to one member; the group offset (the first unacknowledged lane
+//! offset) is stored in sled. A lane with news goes into its group's ready set, so the cost
+//! of a delivery does not depend on the number of idle lanes.
+//!
+//! Acks (PUBACK of a lane delivery): 0x00 commits; 0x00 with `lane-suspend-ms=N` pauses the
+//! lane for N ms (no commit, no attempt); `lane-retry-ms=N` the same, counting an attempt
+//! (at `max_attempts` the message is dead-lettered); >= 0x80 dead-letters it to
+//! `$dlq/<group>/<topic>` and commits. Redelivery follows MQTT-4.4.0-1: never on a timer to a
+//! connected client; the batch of a member whose connection is gone is handed to another
+//! online member as new PUBLISH packets, or resent with DUP=1 when the member resumes.
+
+use crate::broker::Broker;
+use crate::message::{Delivery, Message, NOT_STORED};
+use crate::session::Session;
+use lanemq_lite::engine::Pending;
+use lanemq_lite::{Engine, LaneSel, Mode};
+use lanemq_protocol::{topic, QoS};
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
+
+/// Lane messages of one member queued or in flight at most (per group).
+const MEMBER_WINDOW_DEFAULT: usize = 1024;
+/// Ready lanes handled before events are looked at again.
+const DISPATCH_BUDGET: usize = 2048;
+/// Shortest pause of `lane-suspend-ms` / `lane-retry-ms`.
+pub const SUSPEND_MIN_MS: u64 = 50;
+
+/// A lane delivery's link back to its group, lane, offset and batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneTag {
+    pub group: u64,
+    pub lane: u64,
+    pub offset: u64,
+    pub epoch: u64,
+}
+
+/// Where a new group starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    Earliest,
+    /// Only messages stored at or after this log position.
+    Latest(u64),
+    /// From this lane offset on.
+    Offset(u64),
+}
+
+impl Start {
+    fn encode(self) -> [u8; 9] {
+        let (t, v) = match self {
+            Start::Earliest => (0u8, 0u64),
+            Start::Latest(p) => (1, p),
+            Start::Offset(o) => (2, o),
+        };
+        let mut b = [0u8; 9];
+        b[0] = t;
+        b[1..].copy_from_slice(&v.to_be_bytes());
+        b
+    }
+
+    fn decode(v: &[u8]) -> Start {
+        let n = v
+            .get(1..9)
+            .and_then(|s| s.try_into().ok())
+            .map_or(0, u64::from_be_bytes);
+        match v.first() {
+            Some(1) => Start::Latest(n),
+            Some(2) => Start::Offset(n),
+            _ => Start::Earliest,
+        }
+    }
+
+    /// The `lane-offset` user property of a SUBSCRIBE: `earliest`, `latest` or `<n>`.
+    pub fn from_user_properties(
+        props: &[(String, String)],
+        log_next: u64,
+    ) -> Result<Option<Start>, String> {
+        let Some((_, v)) = props.iter().rev().find(|(k, _)| k == "lane-offset") else {
+            return Ok(None);
+        };
+        match v.trim() {
+            "earliest" => Ok(Some(Start::Earliest)),
+            "latest" => Ok(Some(Start::Latest(log_next))),
+            n => n
+                .parse::<u64>()
+                .map(|n| Some(Start::Offset(n)))
+                .map_err(|_| {
+                    format!("lane-offset {v:?}: expected earliest, latest or a lane offset")
+                }),
+        }
+    }
+}
+
+/// A member joining a group.
+pub struct Join {
+    pub session: Arc<Session>,
+    /// The full filter as subscribed.
+    pub filter: String,
+    /// The group name (`None`: a private group of a plain one-lane subscription).
+    pub group: Option<String>,
+    pub parent: u32,
+    pub sel: LaneSel,
+    /// The filter without `$share/<group>/`.
+    pub inner: String,
+    pub qos: QoS,
+    pub sub_id: Option<u32>,
+    /// The start of a new group (None: stored, else earliest).
+    pub start: Option<Start>,
+}
+
+/// A dispatcher query (REST): runs on the dispatcher thread.
+pub type Query = Box<dyn FnOnce(&Dispatcher) + Send>;
+
+pub enum Event {
+    Poke,
+    Join(Box<Join>),
+    Leave {
+        client: Arc<str>,
+        filter: String,
+    },
+    Offline(Arc<Session>),
+    Online(Arc<Session>),
+    Ended(Arc<Session>),
+    Ack {
+        tag: LaneTag,
+        code: u8,
+        suspend_ms: Option<u64>,
+        retry_ms: Option<u64>,
+    },
+    DlqDurable(Arc<Message>),
+    LanesRemoved(Vec<u64>),
+    Query(Query),
+    Stop,
+}
+
+/// Settings of the dispatcher (`[lite]`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub sweep_interval: Duration,
+    pub flush_interval: Duration,
+    pub max_suspend_ms: u64,
+    pub member_window: usize,
+}
+
+/// The lite layer as the broker sees it: the engine and the dispatcher's mailbox.
+pub struct Lite {
+    pub engine: Arc<Engine>,
+    tx: mpsc::Sender<Event>,
+    rx: Mutex<Option<mpsc::Receiver<Event>>>,
+    poked: Arc<AtomicBool>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    settings: Settings,
+}
+
+impl Lite {
+    pub fn new(engine: Arc<Engine>, cfg: &crate::config::LiteConfig) -> Lite {
+        let (tx, rx) = mpsc::channel();
+        Lite {
+            engine,
+            tx,
+            rx: Mutex::new(Some(rx)),
+            poked: Arc::new(AtomicBool::new(false)),
+            thread: Mutex::new(None),
+            settings: Settings {
+                sweep_interval: Duration::from_millis(cfg.sweep_interval_ms.max(10)),
+                flush_interval: Duration::from_millis(cfg.flush_interval_ms.max(1)),
+                max_suspend_ms: cfg.max_suspend_ms.max(SUSPEND_MIN_MS),
+                member_window: if cfg.member_window == 0 {
+                    MEMBER_WINDOW_DEFAULT
+                } else {
+                    cfg.member_window
+                },
+            },
+        }
+    }
+
+    /// Start the dispatcher thread (events sent before are kept).
+    pub fn start(&self, broker: Weak<Broker>) -> std::io::Result<()> {
+        let Some(rx) = self.rx.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return Ok(());
+        };
+        let mut d = Dispatcher {
+            broker,
+            engine: self.engine.clone(),
+            settings: self.settings.clone(),
+            tx: self.tx.clone(),
+            poked: self.poked.clone(),
+            groups: HashMap::new(),
+            by_name: HashMap::new(),
+            next_group: 1,
+            next_epoch: 1,
+            timers: BinaryHeap::new(),
+            dirty: Vec::new(),
+            unflushed: false,
+        };
+        let h = std::thread::Builder::new()
+            .name("lite-dispatch".into())
+            .spawn(move || d.run(rx))?;
+        *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        Ok(())
+    }
+
+    pub fn send(&self, e: Event) {
+        let _ = self.tx.send(e);
+    }
+
+    /// New records are durable: index their lane entries (coalesced).
+    pub fn poke(&self) {
+        if self.engine.active() && !self.poked.swap(true, Ordering::AcqRel) {
+            let _ = self.tx.send(Event::Poke);
+        }
+    }
+
+    /// Run `f` on the dispatcher and wait (bounded) for its answer.
+    pub fn query<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Dispatcher) -> T + Send + 'static,
+    ) -> Option<T> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Event::Query(Box::new(move |d| {
+            let _ = tx.send(f(d));
+        })));
+        rx.recv_timeout(Duration::from_secs(10)).ok()
+    }
+
+    /// Stop the dispatcher; flushes the group offsets.
+    pub fn stop(&self) {
+        self.send(Event::Stop);
+        if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+    }
+
+    /// The parent and lane selection of an inner filter, if it lies inside a lite parent.
+    pub fn lane_filter(&self, inner: &str) -> Option<(u32, LaneSel)> {
+        if !self.engine.active() {
+            return None;
+        }
+        self.engine
+            .parents()
+            .iter()
+            .find_map(|p| p.pattern.lane_sel(inner).map(|s| (p.id, s)))
+    }
+
+    /// The PUBACK of a lane delivery.
+    pub fn ack(&self, tag: LaneTag, code: u8, props: &[(String, String)]) {
+        let num = |name: &str| {
+            props
+                .iter()
+                .rev()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+        };
+        let (suspend_ms, retry_ms) = if code < 0x80 {
+            (num("lane-suspend-ms"), num("lane-retry-ms"))
+        } else {
+            (None, None)
+        };
+        self.send(Event::Ack {
+            tag,
+            code,
+            suspend_ms,
+            retry_ms,
+        });
+    }
+
+    /// A lane delivery finished without a PUBACK (QoS 0 written, expired, too large).
+    pub fn done(&self, tag: LaneTag) {
+        self.send(Event::Ack {
+            tag,
+            code: 0,
+            suspend_ms: None,
+            retry_ms: None,
+        });
+    }
+}
+
+struct Member {
+    session: Arc<Session>,
+    client: Arc<str>,
+    filter: String,
+    inner: String,
+    sel: LaneSel,
+    qos: QoS,
+    sub_id: Option<u32>,
+    joined: u64,
+}
+
+#[derive(Default)]
+struct Run {
+    batch: Option<Batch>,
+    paused_until: Option<Instant>,
+    attempts: HashMap<u64, u32>,
+    /// Offsets above the committed one already finished.
+    done: BTreeSet<u64>,
+}
+
+impl Run {
+    fn idle(&self) -> bool {
+        self.batch.is_none()
+            && self.paused_until.is_none()
+            && self.attempts.is_empty()
+            && self.done.is_empty()
+    }
+}
+
+struct Batch {
+    holder: Arc<str>,
+    session: Arc<Session>,
+    epoch: u64,
+    /// Offsets delivered and not yet answered.
+    open: Vec<u64>,
+}
+
+struct Group {
+    id: u64,
+    parent: u32,
+    name: Arc<str>,
+    private: bool,
+    start: Start,
+    members: Vec<Member>,
+    committed: HashMap<u64, u64>,
+    runs: HashMap<u64, Run>,
+    owners: HashMap<u64, Arc<str>>,
+    ready: VecDeque<u64>,
+    in_ready: HashSet<u64>,
+    /// Lanes that found no member with room.
+    blocked: HashSet<u64>,
+    outstanding: HashMap<Arc<str>, usize>,
+}
+
+/// Per-lane figures of one group, for the REST API.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupLane {
+    pub lane: String,
+    pub committed: u64,
+    pub next_offset: u64,
+    pub lag: u64,
+    pub inflight: usize,
+    pub paused_for_ms: Option<u64>,
+    pub holder: Option<String>,
+}
+
+/// A group, for the REST API.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupInfo {
+    pub group: String,
+    pub members: Vec<String>,
+    pub online_members: usize,
+    pub active_lanes: usize,
+    pub inflight: usize,
+}
+
+/// The dispatcher's state (only its thread touches it).
+pub struct Dispatcher {
+    broker: Weak<Broker>,
+    engine: Arc<Engine>,
+    settings: Settings,
+    tx: mpsc::Sender<Event>,
+    poked: Arc<AtomicBool>,
+    groups: HashMap<u64, Group>,
+    by_name: HashMap<(u32, Arc<str>), u64>,
+    next_group: u64,
+    next_epoch: u64,
+    timers: BinaryHeap<Reverse<(Instant, u64, u64)>>,
+    dirty: Vec<(u64, Arc<str>, u64)>,
+    unflushed: bool,
+}
+
+impl Dispatcher {
+    fn run(&mut self, rx: mpsc::Receiver<Event>) {
+        let mut last_sweep = Instant::now();
+        let mut last_flush = Instant::now();
+        loop {
+            let now = Instant::now();
+            let mut wait = self
+                .settings
+                .sweep_interval
+                .min(self.settings.flush_interval);
+            if let Some(Reverse((t, _, _))) = self.timers.peek() {
+                wait = wait.min(t.saturating_duration_since(now));
+            }
+            if self.engine.has_pending() {
+                wait = wait.min(Duration::from_millis(2));
+            }
+            if self.groups.values().any(|g| !g.ready.is_empty()) {
+                wait = Duration::ZERO;
+            }
+            let first = match rx.recv_timeout(wait) {
+                Ok(e) => Some(e),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            let mut events: Vec<Event> = first.into_iter().collect();
+            while events.len() < 4096 {
+                match rx.try_recv() {
+                    Ok(e) => events.push(e),
+                    Err(_) => break,
+                }
+            }
+            for e in events {
+                if matches!(e, Event::Stop) {
+                    self.persist_commits();
+                    let _ = self.engine.flush();
+                    return;
+                }
+                self.handle(e);
+            }
+            self.index();
+            self.fire_timers();
+            self.dispatch_ready();
+            if last_flush.elapsed() >= self.settings.flush_interval {
+                last_flush = Instant::now();
+                self.persist_commits();
+                if self.unflushed {
+                    self.unflushed = false;
+                    if let Err(e) = self.engine.flush() {
+                        warn!(error = %e, "cannot flush the lane group offsets");
+                    }
+                }
+            }
+            if last_sweep.elapsed() >= self.settings.sweep_interval {
+                last_sweep = Instant::now();
+                self.sweep();
+            }
+        }
+    }
+
+    fn handle(&mut self, e: Event) {
+        match e {
+            Event::Poke => self.poked.store(false, Ordering::Release),
+            Event::Join(j) => self.join(*j),
+            Event::Leave { client, filter } => self.leave(&client, Some(&filter)),
+            Event::Offline(s) => self.offline(&s),
+            Event::Online(s) => self.online(&s),
+            Event::Ended(s) => self.leave(&s.client_id, None),
+            Event::Ack {
+                tag,
+                code,
+                suspend_ms,
+                retry_ms,
+            } => self.ack(tag, code, suspend_ms, retry_ms),
+            Event::DlqDurable(m) => {
+                if let Some(b) = self.broker.upgrade() {
+                    b.ingest(m);
+                }
+            }
+            Event::LanesRemoved(ids) => {
+                for id in ids {
+                    self.forget_lane(id);
+                }
+                let alive: HashSet<u32> = self.engine.parents().iter().map(|p| p.id).collect();
+                self.groups.retain(|_, g| alive.contains(&g.parent));
+                self.by_name.retain(|(p, _), _| alive.contains(p));
+            }
+            Event::Query(f) => f(self),
+            Event::Stop => {}
+        }
+    }
+
+    fn group_id(&mut self, j: &Join) -> u64 {
+        let name: Arc<str> = match &j.group {
+            Some(g) => g.as_str().into(),
+            None => format!("\u{1}{}\u{1}{}", j.session.client_id, j.filter).into(),
+        };
+        if let Some(&id) = self.by_name.get(&(j.parent, name.clone())) {
+            return id;
+        }
+        let private = j.group.is_none();
+        let stored = if private {
+            None
+        } else {
+            self.engine
+                .group_meta(j.parent, &name)
+                .unwrap_or_else(|e| {
+                    warn!(error = %e, "cannot read a lane group");
+                    None
+                })
+                .map(|v| Start::decode(&v))
+        };
+        let start = match stored {
+            Some(s) => s,
+            None => {
+                let s = j.start.unwrap_or(Start::Earliest);
+                if !private {
+                    if let Err(e) = self.engine.put_group_meta(j.parent, &name, &s.encode()) {
+                        warn!(error = %e, "cannot store a lane group");
+                    }
+                    self.unflushed = true;
+                }
+                s
+            }
+        };
+        let id = self.next_group;
+        self.next_group += 1;
+        self.groups.insert(
+            id,
+            Group {
+                id,
+                parent: j.parent,
+                name: name.clone(),
+                private,
+                start,
+                members: Vec::new(),
+                committed: HashMap::new(),
+                runs: HashMap::new(),
+                owners: HashMap::new(),
+                ready: VecDeque::new(),
+                in_ready: HashSet::new(),
+                blocked: HashSet::new(),
+                outstanding: HashMap::new(),
+            },
+        );
+        self.by_name.insert((j.parent, name), id);
+        id
+    }
+
+    fn join(&mut self, j: Join) {
+        if j.group.is_none() {
+            // A plain subscription with `lane-offset` again: start over from the new offset.
+            let client = j.session.client_id.clone();
+            self.leave(&client, Some(&j.filter));
+        }
+        let fresh = !self.by_name.contains_key(&(
+            j.parent,
+            match &j.group {
+                Some(g) => Arc::from(g.as_str()),
+                None => format!("\u{1}{}\u{1}{}", j.session.client_id, j.filter).into(),
+            },
+        ));
+        let gid = self.group_id(&j);
+        let client = j.session.client_id.clone();
+        let joined = self.next_epoch;
+        self.next_epoch += 1;
+        let sel = j.sel.clone();
+        let mode = self
+            .engine
+            .parent_by_id(j.parent)
+            .map_or(Mode::Shared, |p| p.def.mode);
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let existing = g
+            .members
+            .iter()
+            .position(|m| m.client == client && m.filter == j.filter);
+        let m = Member {
+            session: j.session.clone(),
+            client: client.clone(),
+            filter: j.filter,
+            inner: j.inner,
+            sel: j.sel,
+            qos: j.qos,
+            sub_id: j.sub_id,
+            joined,
+        };
+        match existing {
+            Some(i) => g.members[i] = m,
+            None => g.members.push(m),
+        }
+        if let (Mode::Exclusive, LaneSel::One(key)) = (mode, &sel) {
+            if let Some(lane) = self.engine.lane_id(j.parent, key) {
+                let old = g.owners.insert(lane, client.clone());
+                if let Some(old) = old.filter(|o| *o != client) {
+                    // The newest explicit subscriber wins: the old owner gets no more of it.
+                    let revoked = revoke_queued(g, lane, &old);
+                    if revoked > 0 {
+                        debug!(lane, %old, revoked, "exclusive lane taken over");
+                    }
+                }
+            }
+        }
+        // Lanes to look at: all of them for a new group, only the member's otherwise.
+        let lanes = if fresh || existing.is_none() {
+            self.engine.lanes_of(j.parent, &sel)
+        } else {
+            Vec::new()
+        };
+        let g = match self.groups.get_mut(&gid) {
+            Some(g) => g,
+            None => return,
+        };
+        let latest = matches!(g.start, Start::Latest(_)) && fresh;
+        for (lane, next) in lanes {
+            if next > 0 && !latest {
+                push_ready(g, lane);
+            }
+        }
+        for lane in std::mem::take(&mut g.blocked) {
+            push_ready(g, lane);
+        }
+        self.reclaim_offline(gid);
+    }
+
+    /// Remove a member (one filter) or every member of a client (`filter` None).
+    fn leave(&mut self, client: &Arc<str>, filter: Option<&str>) {
+        let gids: Vec<u64> = self.groups.keys().copied().collect();
+        for gid in gids {
+            let Some(g) = self.groups.get_mut(&gid) else {
+                continue;
+            };
+            let before = g.members.len();
+            g.members
+                .retain(|m| !(m.client == *client && filter.is_none_or(|f| f == m.filter)));
+            if g.members.len() == before {
+                continue;
+            }
+            let still = g.members.iter().any(|m| m.client == *client);
+            if !still {
+                let lanes: Vec<u64> = g
+                    .runs
+                    .iter()
+                    .filter(|(_, r)| r.batch.as_ref().is_some_and(|b| b.holder == *client))
+                    .map(|(l, _)| *l)
+                    .collect();
+                for lane in lanes {
+                    release(g, lane, true, &self.engine);
+                }
+                g.owners.retain(|_, o| o != client);
+                g.outstanding.remove(client);
+            }
+            if g.members.is_empty() && g.runs.values().all(|r| r.batch.is_none()) {
+                self.persist_commits();
+                if let Some(g) = self.groups.remove(&gid) {
+                    self.by_name.remove(&(g.parent, g.name.clone()));
+                }
+            } else {
+                let g = match self.groups.get_mut(&gid) {
+                    Some(g) => g,
+                    None => continue,
+                };
+                for lane in std::mem::take(&mut g.blocked) {
+                    push_ready(g, lane);
+                }
+            }
+        }
+    }
+
+    /// A member's connection is gone: hand its batches to another online member, if any.
+    fn offline(&mut self, s: &Arc<Session>) {
+        let gids: Vec<u64> = self.groups.keys().copied().collect();
+        for gid in gids {
+            let Some(g) = self.groups.get_mut(&gid) else {
+                continue;
+            };
+            let other_online = g
+                .members
+                .iter()
+                .any(|m| m.client != s.client_id && m.session.is_online());
+            if !other_online {
+                continue;
+            }
+            let lanes: Vec<u64> = g
+                .runs
+                .iter()
+                .filter(|(_, r)| {
+                    r.batch
+                        .as_ref()
+                        .is_some_and(|b| b.holder == s.client_id && !b.session.is_online())
+                })
+                .map(|(l, _)| *l)
+                .collect();
+            for lane in lanes {
+                release(g, lane, true, &self.engine);
+            }
+        }
+    }
+
+    /// A member came (back) online: batches held by offline members can move to it.
+    fn online(&mut self, s: &Arc<Session>) {
+        let gids: Vec<u64> = self
+            .groups
+            .values()
+            .filter(|g| g.members.iter().any(|m| m.client == s.client_id))
+            .map(|g| g.id)
+            .collect();
+        for gid in gids {
+            self.reclaim_offline(gid);
+            if let Some(g) = self.groups.get_mut(&gid) {
+                for lane in std::mem::take(&mut g.blocked) {
+                    push_ready(g, lane);
+                }
+            }
+        }
+    }
+
+    fn reclaim_offline(&mut self, gid: u64) {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        if !g.members.iter().any(|m| m.session.is_online()) {
+            return;
+        }
+        let lanes: Vec<u64> = g
+            .runs
+            .iter()
+            .filter(|(_, r)| r.batch.as_ref().is_some_and(|b| !b.session.is_online()))
+            .map(|(l, _)| *l)
+            .collect();
+        for lane in lanes {
+            release(g, lane, true, &self.engine);
+        }
+    }
+
+    fn ack(&mut self, tag: LaneTag, code: u8, suspend_ms: Option<u64>, retry_ms: Option<u64>) {
+        let Some(g) = self.groups.get_mut(&tag.group) else {
+            return;
+        };
+        let Some(run) = g.runs.get_mut(&tag.lane) else {
+            return;
+        };
+        let Some(batch) = run.batch.as_mut().filter(|b| b.epoch == tag.epoch) else {
+            return;
+        };
+        let Some(i) = batch.open.iter().position(|&o| o == tag.offset) else {
+            return;
+        };
+        batch.open.swap_remove(i);
+        let holder = batch.holder.clone();
+        let finished = batch.open.is_empty();
+        if let Some(n) = g.outstanding.get_mut(&holder) {
+            *n = n.saturating_sub(1);
+        }
+        let max_attempts = self
+            .engine
+            .parent_by_id(g.parent)
+            .map_or(16, |p| p.def.max_attempts);
+        let clamp = |n: u64| n.clamp(SUSPEND_MIN_MS, self.settings.max_suspend_ms);
+        let c = &self.engine.counters;
+        let mut dlq = None;
+        if code >= 0x80 {
+            dlq = Some(format!("0x{code:02X}"));
+        } else if let Some(n) = retry_ms {
+            let a = run.attempts.entry(tag.offset).or_insert(0);
+            *a += 1;
+            c.retried.fetch_add(1, Ordering::Relaxed);
+            if *a >= max_attempts {
+                dlq = Some("max_attempts".into());
+            } else {
+                let until = Instant::now() + Duration::from_millis(clamp(n));
+                run.paused_until = Some(run.paused_until.map_or(until, |p| p.max(until)));
+            }
+        } else if let Some(n) = suspend_ms {
+            c.suspended.fetch_add(1, Ordering::Relaxed);
+            let until = Instant::now() + Duration::from_millis(clamp(n));
+            run.paused_until = Some(run.paused_until.map_or(until, |p| p.max(until)));
+        } else {
+            run.done.insert(tag.offset);
+        }
+        if let Some(reason) = dlq {
+            let attempts = run.attempts.get(&tag.offset).copied().unwrap_or(0);
+            run.done.insert(tag.offset);
+            let group = g.name.clone();
+            let private = g.private;
+            self.dead_letter(&group, private, tag, attempts, &reason);
+        }
+        let Some(g) = self.groups.get_mut(&tag.group) else {
+            return;
+        };
+        if finished {
+            if let Some(run) = g.runs.get_mut(&tag.lane) {
+                run.batch = None;
+            }
+            advance(g, tag.lane, &mut self.dirty, &self.engine);
+            let paused = g
+                .runs
+                .get(&tag.lane)
+                .and_then(|r| r.paused_until)
+                .filter(|t| *t > Instant::now());
+            match paused {
+                Some(t) => self.timers.push(Reverse((t, tag.group, tag.lane))),
+                None => push_ready(g, tag.lane),
+            }
+        }
+        for lane in std::mem::take(&mut g.blocked) {
+            push_ready(g, lane);
+        }
+    }
+
+    fn dead_letter(
+        &mut self,
+        group: &str,
+        private: bool,
+        tag: LaneTag,
+        attempts: u32,
+        reason: &str,
+    ) {
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        let Some((_, key, _, _)) = self.engine.lane(tag.lane) else {
+            return;
+        };
+        let Ok(entries) = self.engine.read_lane(tag.lane, tag.offset, 1) else {
+            return;
+        };
+        let Some(&(seq, pos, _)) = entries.first().filter(|e| e.0 == tag.offset) else {
+            return;
+        };
+        let rec = match broker.persist.store.read(pos) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "dead letter: lane message not in the log");
+                return;
+            }
+        };
+        self.engine
+            .counters
+            .dead_lettered
+            .fetch_add(1, Ordering::Relaxed);
+        let group_name = if private { "$private" } else { group };
+        let topic = format!("$dlq/{group_name}/{}", rec.topic);
+        let orig = Message::from_record(&rec);
+        let mut props = orig.properties.clone();
+        props
+            .user_properties
+            .push(("original-topic".into(), rec.topic.clone()));
+        props.user_properties.push(("lane".into(), key.to_string()));
+        props
+            .user_properties
+            .push(("lane-offset".into(), seq.to_string()));
+        props
+            .user_properties
+            .push(("attempts".into(), attempts.to_string()));
+        props
+            .user_properties
+            .push(("reason".into(), reason.to_string()));
+        let mut msg = Message::new(
+            topic.into(),
+            rec.payload.clone(),
+            QoS::AtLeastOnce,
+            false,
+            props,
+            "$lanemq".into(),
+        );
+        let rec_in = crate::persist::record_in(&msg, None);
+        let tx = self.tx.clone();
+        let (otx, orx) = mpsc::channel::<Result<(), ()>>();
+        let cb: lanemq_store::Callback = Box::new(move |r| {
+            let _ = otx.send(r.map(|_| ()).map_err(|_| ()));
+        });
+        match broker.persist.store.append(rec_in, cb) {
+            Ok(off) => {
+                msg.offset = off;
+                let msg = Arc::new(msg);
+                std::thread::spawn(move || {
+                    if let Ok(Ok(())) = orx.recv_timeout(Duration::from_secs(30)) {
+                        let _ = tx.send(Event::DlqDurable(msg));
+                    }
+                });
+            }
+            Err(e) => warn!(error = %e, "cannot store a dead letter"),
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((t, gid, lane))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(g) = self.groups.get_mut(&gid) {
+                if let Some(r) = g.runs.get_mut(&lane) {
+                    if r.paused_until.is_some_and(|p| p <= now) {
+                        r.paused_until = None;
+                    }
+                }
+                push_ready(g, lane);
+            }
+        }
+    }
+
+    fn index(&mut self) {
+        let entries: Vec<Pending> = match self.engine.index_durable() {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(error = %e, "cannot index lane entries");
+                return;
+            }
+        };
+        if entries.is_empty() || self.groups.is_empty() {
+            return;
+        }
+        let mut lanes: Vec<u64> = entries.iter().map(|p| p.lane).collect();
+        lanes.sort_unstable();
+        lanes.dedup();
+        for lane in lanes {
+            let Some((parent, key, _, _)) = self.engine.lane(lane) else {
+                continue;
+            };
+            for g in self.groups.values_mut() {
+                if g.parent != parent {
+                    continue;
+                }
+                let wanted = g.members.iter().any(|m| match &m.sel {
+                    LaneSel::All => true,
+                    LaneSel::One(k) => **k == *key,
+                });
+                if wanted {
+                    push_ready(g, lane);
+                }
+            }
+        }
+    }
+
+    fn dispatch_ready(&mut self) {
+        let mut budget = DISPATCH_BUDGET;
+        let gids: Vec<u64> = self.groups.keys().copied().collect();
+        while budget > 0 {
+            let mut any = false;
+            for &gid in &gids {
+                let lane = match self.groups.get_mut(&gid) {
+                    Some(g) => match g.ready.pop_front() {
+                        Some(l) => {
+                            g.in_ready.remove(&l);
+                            l
+                        }
+                        None => continue,
+                    },
+                    None => continue,
+                };
+                any = true;
+                budget -= 1;
+                self.dispatch(gid, lane);
+                if budget == 0 {
+                    break;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+    }
+
+    fn committed(&mut self, gid: u64, lane: u64) -> u64 {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return 0;
+        };
+        if let Some(&c) = g.committed.get(&lane) {
+            return c;
+        }
+        let stored = if g.private {
+            None
+        } else {
+            self.engine.load_commit(lane, &g.name).unwrap_or(None)
+        };
+        let c = stored.unwrap_or(match g.start {
+            Start::Offset(n) => n,
+            _ => 0,
+        });
+        g.committed.insert(lane, c);
+        c
+    }
+
+    fn dispatch(&mut self, gid: u64, lane: u64) {
+        let Some((_, key, next, _)) = self.engine.lane(lane) else {
+            self.forget_lane(lane);
+            return;
+        };
+        let Some(parent) = self
+            .groups
+            .get(&gid)
+            .and_then(|g| self.engine.parent_by_id(g.parent))
+        else {
+            return;
+        };
+        let from = self.committed(gid, lane);
+        let Some(broker) = self.broker.upgrade() else {
+            return;
+        };
+        let window = self.settings.member_window;
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        if let Some(r) = g.runs.get(&lane) {
+            if r.batch.is_some() || r.paused_until.is_some_and(|t| t > Instant::now()) {
+                return;
+            }
+        }
+        if from >= next {
+            return;
+        }
+        let Some(mi) = choose(g, lane, &key, parent.def.mode, window) else {
+            g.blocked.insert(lane);
+            return;
+        };
+        let (client, session, inner, qos, sub_id) = {
+            let m = &g.members[mi];
+            (
+                m.client.clone(),
+                m.session.clone(),
+                m.inner.clone(),
+                m.qos,
+                m.sub_id,
+            )
+        };
+        let room = window.saturating_sub(g.outstanding.get(&client).copied().unwrap_or(0));
+        let want = (parent.def.batch as usize).min(room).max(1);
+        let latest = match g.start {
+            Start::Latest(p) => Some(p),
+            _ => None,
+        };
+        let epoch = self.next_epoch;
+        self.next_epoch += 1;
+        let entries = match self.engine.read_lane(lane, from, want * 2 + 8) {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(error = %e, lane, "cannot read a lane");
+                return;
+            }
+        };
+        let run = g.runs.entry(lane).or_default();
+        let mut out = Vec::new();
+        let mut skipped = false;
+        let now = Instant::now();
+        for (seq, pos, _) in entries {
+            if out.len() >= want {
+                break;
+            }
+            if run.done.contains(&seq) {
+                continue;
+            }
+            if latest.is_some_and(|l| pos < l) {
+                // The group started at `latest`: messages stored before it are not its.
+                run.done.insert(seq);
+                skipped = true;
+                continue;
+            }
+            let rec = match broker.persist.store.read(pos) {
+                Ok(r) => r,
+                Err(e) => {
+                    debug!(error = %e, lane, seq, "lane message no longer in the log; skipped");
+                    run.done.insert(seq);
+                    skipped = true;
+                    continue;
+                }
+            };
+            if !topic::matches(&inner, &rec.topic) {
+                run.done.insert(seq);
+                skipped = true;
+                continue;
+            }
+            let mut msg = Message::from_record(&rec);
+            if msg.is_expired(now) {
+                run.done.insert(seq);
+                skipped = true;
+                continue;
+            }
+            msg.offset = NOT_STORED;
+            msg.properties
+                .user_properties
+                .push(("lane".into(), key.to_string()));
+            msg.properties
+                .user_properties
+                .push(("lane-offset".into(), seq.to_string()));
+            let q = if msg.qos.as_u8() < qos.as_u8() {
+                msg.qos
+            } else {
+                qos
+            };
+            out.push((
+                seq,
+                Delivery {
+                    msg: Arc::new(msg),
+                    qos: q,
+                    retain: false,
+                    sub_ids: sub_id.into_iter().collect(),
+                    share: None,
+                    seq: 0,
+                    stream: None,
+                    lane: Some(LaneTag {
+                        group: gid,
+                        lane,
+                        offset: seq,
+                        epoch,
+                    }),
+                },
+            ));
+        }
+        if out.is_empty() {
+            if skipped {
+                advance(g, lane, &mut self.dirty, &self.engine);
+                push_ready(g, lane);
+            }
+            return;
+        }
+        let open: Vec<u64> = out.iter().map(|(s, _)| *s).collect();
+        let n = open.len();
+        run.batch = Some(Batch {
+            holder: client.clone(),
+            session: session.clone(),
+            epoch,
+            open,
+        });
+        if parent.def.mode == Mode::Exclusive {
+            g.owners.insert(lane, client.clone());
+        }
+        *g.outstanding.entry(client).or_insert(0) += n;
+        if skipped {
+            advance(g, lane, &mut self.dirty, &self.engine);
+        }
+        let ok = session.push_lane(out.into_iter().map(|(_, d)| d).collect());
+        if !ok {
+            // The session ended under us: the batch goes back.
+            release(g, lane, false, &self.engine);
+        }
+    }
+
+    /// A lane is gone (expired, parent deleted): forget its group state and revoke it.
+    fn forget_lane(&mut self, lane: u64) {
+        for g in self.groups.values_mut() {
+            if let Some(r) = g.runs.remove(&lane) {
+                if let Some(b) = r.batch {
+                    let n = b.session.revoke_lane(|t| t.group == g.id && t.lane == lane);
+                    if let Some(o) = g.outstanding.get_mut(&b.holder) {
+                        *o = o.saturating_sub(b.open.len().max(n));
+                    }
+                }
+            }
+            g.committed.remove(&lane);
+            g.owners.remove(&lane);
+            g.blocked.remove(&lane);
+            if g.in_ready.remove(&lane) {
+                g.ready.retain(|l| *l != lane);
+            }
+        }
+        self.dirty.retain(|(l, _, _)| *l != lane);
+    }
+
+    fn sweep(&mut self) {
+        match self.engine.sweep(lanemq_lite::engine::now_us()) {
+            Ok(expired) => {
+                if !expired.is_empty() {
+                    debug!(lanes = expired.len(), "lanes expired");
+                }
+                for e in expired {
+                    self.forget_lane(e.lane);
+                }
+            }
+            Err(e) => warn!(error = %e, "lane TTL sweep failed"),
+        }
+    }
+
+    fn persist_commits(&mut self) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        let commits = std::mem::take(&mut self.dirty);
+        if let Err(e) = self.engine.put_commits(&commits) {
+            warn!(error = %e, "cannot store lane group offsets");
+        }
+        self.unflushed = true;
+    }
+
+    /// Groups of a parent.
+    pub fn groups_of(&self, parent: u32) -> Vec<GroupInfo> {
+        let mut v: Vec<GroupInfo> = self
+            .groups
+            .values()
+            .filter(|g| g.parent == parent && !g.private)
+            .map(|g| GroupInfo {
+                group: g.name.to_string(),
+                members: g.members.iter().map(|m| m.client.to_string()).collect(),
+                online_members: g.members.iter().filter(|m| m.session.is_online()).count(),
+                active_lanes: g.runs.values().filter(|r| r.batch.is_some()).count(),
+                inflight: g.outstanding.values().sum(),
+            })
+            .collect();
+        let known: HashSet<String> = v.iter().map(|g| g.group.clone()).collect();
+        for name in self.engine.groups_of(parent).unwrap_or_default() {
+            if !known.contains(&name) {
+                v.push(GroupInfo {
+                    group: name,
+                    members: Vec::new(),
+                    online_members: 0,
+                    active_lanes: 0,
+                    inflight: 0,
+                });
+            }
+        }
+        v.sort_by(|a, b| a.group.cmp(&b.group));
+        v
+    }
+
+    /// The figures of `group` on the lane `lane` (id, key, next offset).
+    pub fn group_lane(
+        &self,
+        parent: u32,
+        group: &str,
+        lane: u64,
+        key: &str,
+        next: u64,
+    ) -> GroupLane {
+        let g = self
+            .by_name
+            .get(&(parent, Arc::from(group)))
+            .and_then(|id| self.groups.get(id));
+        let committed = g
+            .and_then(|g| g.committed.get(&lane).copied())
+            .or_else(|| self.engine.load_commit(lane, group).ok().flatten())
+            .unwrap_or(match g.map(|g| g.start) {
+                Some(Start::Offset(n)) => n.min(next),
+                Some(Start::Latest(_)) => next,
+                _ => 0,
+            });
+        let run = g.and_then(|g| g.runs.get(&lane));
+        let now = Instant::now();
+        GroupLane {
+            lane: key.to_string(),
+            committed,
+            next_offset: next,
+            lag: next.saturating_sub(committed),
+            inflight: run
+                .and_then(|r| r.batch.as_ref())
+                .map_or(0, |b| b.open.len()),
+            paused_for_ms: run
+                .and_then(|r| r.paused_until)
+                .filter(|t| *t > now)
+                .map(|t| (t - now).as_millis() as u64),
+            holder: run
+                .and_then(|r| r.batch.as_ref())
+                .map(|b| b.holder.to_string()),
+        }
+    }
+}
+
+fn push_ready(g: &mut Group, lane: u64) {
+    if g.in_ready.insert(lane) {
+        g.ready.push_back(lane);
+    }
+}
+
+/// Move the committed offset over the finished offsets.
+fn advance(g: &mut Group, lane: u64, dirty: &mut Vec<(u64, Arc<str>, u64)>, engine: &Engine) {
+    let Some(run) = g.runs.get_mut(&lane) else {
+        return;
+    };
+    let Some(c0) = g.committed.get(&lane).copied() else {
+        return;
+    };
+    let mut c = c0;
+    // Offsets below the first entry (a gap left by a refused append) are skipped by reads.
+    while let Some(&first) = run.done.first() {
+        if first < c {
+            run.done.pop_first();
+        } else if first == c {
+            run.done.pop_first();
+            run.attempts.remove(&c);
+            c += 1;
+        } else {
+            break;
+        }
+    }
+    if c != c0 {
+        engine
+            .counters
+            .committed
+            .fetch_add(c - c0, Ordering::Relaxed);
+        g.committed.insert(lane, c);
+        if !g.private {
+            dirty.push((lane, g.name.clone(), c));
+        }
+    }
+    if run.idle() {
+        g.runs.remove(&lane);
+    }
+}
+
+/// End a lane's batch without answers: revoke what the holder still has (queued or in
+/// flight), count the redelivery, make the lane ready again.
+fn release(g: &mut Group, lane: u64, count_attempt: bool, engine: &Engine) {
+    let Some(run) = g.runs.get_mut(&lane) else {
+        return;
+    };
+    let Some(b) = run.batch.take() else {
+        return;
+    };
+    let gid = g.id;
+    b.session.revoke_lane(|t| t.group == gid && t.lane == lane);
+    if let Some(o) = g.outstanding.get_mut(&b.holder) {
+        *o = o.saturating_sub(b.open.len());
+    }
+    if count_attempt && !b.open.is_empty() {
+        engine
+            .counters
+            .redelivered
+            .fetch_add(b.open.len() as u64, Ordering::Relaxed);
+        for off in &b.open {
+            *run.attempts.entry(*off).or_insert(0) += 1;
+        }
+    }
+    if g.owners.get(&lane).is_some_and(|o| *o == b.holder) && !b.session.is_online() {
+        g.owners.remove(&lane);
+    }
+    push_ready(g, lane);
+}
+
+/// Revoke the not yet sent deliveries of `lane` from `client` (exclusive takeover).
+fn revoke_queued(g: &mut Group, lane: u64, client: &Arc<str>) -> usize {
+    let gid = g.id;
+    let Some(run) = g.runs.get_mut(&lane) else {
+        return 0;
+    };
+    let Some(b) = run.batch.as_mut().filter(|b| b.holder == *client) else {
+        return 0;
+    };
+    let removed = b
+        .session
+        .revoke_queued_lane(|t| t.group == gid && t.lane == lane);
+    b.open.retain(|o| !removed.contains(o));
+    let n = removed.len();
+    if let Some(o) = g.outstanding.get_mut(client) {
+        *o = o.saturating_sub(n);
+    }
+    if b.open.is_empty() {
+        run.batch = None;
+    }
+    n
+}
+
+/// The member to take the next batch of `lane`.
+fn choose(g: &mut Group, lane: u64, key: &str, mode: Mode, window: usize) -> Option<usize> {
+    let fits = |m: &Member| match &m.sel {
+        LaneSel::All => true,
+        LaneSel::One(k) => k == key,
+    };
+    let room = |g: &Group, m: &Member| g.outstanding.get(&m.client).copied().unwrap_or(0) < window;
+    if mode == Mode::Exclusive {
+        if let Some(owner) = g.owners.get(&lane).cloned() {
+            let owned = g
+                .members
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.client == owner && fits(m))
+                .max_by_key(|(_, m)| m.joined);
+            if let Some((i, m)) = owned {
+                if m.session.is_online() {
+                    return room(g, m).then_some(i);
+                }
+            }
+            g.owners.remove(&lane);
+        }
+        // An explicit subscriber of this lane first (the newest), then the least loaded.
+        if let Some((i, m)) = g
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| matches!(&m.sel, LaneSel::One(k) if k == key) && m.session.is_online())
+            .max_by_key(|(_, m)| m.joined)
+        {
+            return room(g, m).then_some(i);
+        }
+    }
+    g.members
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| fits(m) && m.session.is_online() && room(g, m))
+        .min_by_key(|(_, m)| (g.outstanding.get(&m.client).copied().unwrap_or(0), m.joined))
+        .map(|(i, _)| i)
+}
