@@ -85,7 +85,6 @@ config() {
     printf '[server]\nsys_interval_s = 0\nacl_file = "%s/allow.acl"\n' "$TMP"
     printf '[admin]\nenable = false\n[storage]\nfsync = "%s"\n' "$FSYNC"
     if [ -z "${NO_LITE:-}" ]; then
-      printf '[lite]\nenable = true\n'
       printf '[[lite.parents]]\nname = "agents"\npattern = "agents/{lane}/#"\n'
       printf 'ttl_s = 2592000\nmode = "shared"\nmax_lanes = 100000000\n'
     fi
