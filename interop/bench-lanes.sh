@@ -12,15 +12,18 @@
 #          1.25x of the idle run).
 #   a2a    the RocketMQ-A2A shape: A2A_LANES lanes created, then A2A_RATE msg/s to random lanes
 #          among them for SECS s through the same group (target: p95 <= 10 ms).
-#   control (opt-in) LANES messages to topics outside any lite parent (`bench/l-<i>/x`): the
-#          broker RSS growth of storing the messages alone, to read the per-lane figure against.
+#   plain  (opt-in) the active phase on a broker without lite parents: a plain MQTT shared
+#          subscription (round robin, no per-lane order), the baseline for the lanes' latency.
+#   control (opt-in) LANES messages to topics outside any lite parent (`bench/l-<i>/x`) on a
+#          broker without lite parents: the broker RSS growth of storing the messages alone, to
+#          read the per-lane figure against.
 # The latency is publish (the bench writes the PUBLISH) to delivery (a member reads it), both in
 # this one process, QoS 1 both ways, every delivery PUBACKed. Every load is bounded; all traffic
 # is on 127.0.0.1.
 #
 # Environment: LANES=1000000 ACTIVE=1000 RATE=10000 SECS=10 WARMUP=1 MEMBERS=4
 #              A2A_LANES=LANES/2 A2A_RATE=12500 PUBS=4 INFLIGHT=1000 PAYLOAD=100 FSYNC=interval
-#              SECTIONS="idle fresh a2a" (add "control")  REPEAT=1 (active runs per broker in
+#              SECTIONS="idle fresh a2a" (add "plain", "control")  REPEAT=1 (active runs per broker in
 #              idle/fresh, alternating; the table shows the median run by p99)  PAUSE=3 (seconds after
 #              `sync` between a create phase and the active phase)  SKIP_BUILD=1  KEEP_TMP=1
 #              LANEMQ_BIN=<target>/release/lanemq  LANEMQ_BENCH=<target>/release/lanemq-bench
@@ -80,19 +83,19 @@ while time.monotonic() - t0 < 120:
 sys.exit(1)
 PY
 }
-config() {
+config() { # [nolite]
   {
     printf '[server]\nsys_interval_s = 0\nacl_file = "%s/allow.acl"\n' "$TMP"
     printf '[admin]\nenable = false\n[storage]\nfsync = "%s"\n' "$FSYNC"
-    if [ -z "${NO_LITE:-}" ]; then
+    if [ -z "${NO_LITE:-}" ] && [ "${1:-}" != nolite ]; then
       printf '[[lite.parents]]\nname = "agents"\npattern = "agents/{lane}/#"\n'
       printf 'ttl_s = 2592000\nmode = "shared"\nmax_lanes = 100000000\n'
     fi
   } >"$TMP/cfg.toml"
   echo "default allow" >"$TMP/allow.acl"
 }
-start() { # $1 name (data dir and log): sets PORT and PID (also PORT_<name>, PID_<name>)
-  config
+start() { # $1 name (data dir and log) [nolite]: sets PORT and PID (also PORT_<name>, PID_<name>)
+  config "${2:-}"
   PORT=$(free_port)
   "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$TMP/d-$1" --config "$TMP/cfg.toml" \
     >>"$TMP/broker-$1.log" 2>&1 &
@@ -124,13 +127,15 @@ quiesce() {
   sleep "$PAUSE"
 }
 CMDS=()
+LOADS=()
 # bench NAME ARGS...: run lanemq-bench against the running broker, JSON to $TMP/NAME.json.
 bench() {
   local name=$1
   shift
   local cmd=("$BENCH" --port "$PORT" --broker-pid "$PID" --payload "$PAYLOAD" --quiet "$@")
   CMDS+=("$name: lanemq-bench ${*}")
-  echo "== $name: lanemq-bench $*" >&2
+  echo "== $name (load $(cut -d' ' -f1-3 /proc/loadavg)): lanemq-bench $*" >&2
+  LOADS+=("$name $(cut -d' ' -f1 /proc/loadavg)")
   local rc=0
   "${cmd[@]}" --json "$TMP/$name.json" >"$TMP/$name.txt" 2>&1 || rc=$?
   cat "$TMP/$name.txt" >&2
@@ -194,8 +199,13 @@ if [[ " $SECTIONS " == *" a2a "* ]]; then
     --publishers "$PUBS" --inflight "$INFLIGHT" --drain 5
   stop
 fi
+if [[ " $SECTIONS " == *" plain "* ]]; then
+  start plain nolite
+  bench active-plain "${ACTIVE_ARGS[@]}"
+  stop
+fi
 if [[ " $SECTIONS " == *" control "* ]]; then
-  start control
+  start control nolite
   bench control --lanes-parent bench --lanes-count "$LANES" "${CREATE[@]}"
   stop
 fi
@@ -216,8 +226,8 @@ row() { echo "| $1 | $2 | ${3:-} |"; }
 if [ -f "$TMP/create.json" ]; then
   row "lane creation ($LANES lanes, $PUBS publishers, window $INFLIGHT)" \
     "$(field create lanes.lanes_per_sec) lanes/s ($(field create lanes.acked) acked, $(field create lanes.ack_errors) refused, $(field create lanes.publish_secs) s)"
-  row "broker RSS before / after / settled" \
-    "$(field create lanes.rss_before_kb) / $(field create lanes.rss_after_kb) / $(field create lanes.rss_settled_kb) KiB"
+  row "broker RSS before / after the last PUBACK / settled" \
+    "$(field create lanes.rss_before_kb) / $(field create lanes.rss_after_kb) / $(field create lanes.rss_settled_kb) KiB (quiet: $(field create lanes.settled) after $(field create lanes.settle_secs) s, broker CPU $(field create lanes.settle_cpu_secs) s meanwhile)"
   row "broker RSS per idle lane" "$(field create lanes.rss_per_lane_bytes) B" "≤ 300 B"
 fi
 if [ -f "$TMP/control.json" ]; then
@@ -263,6 +273,7 @@ if [ "$MI" != - ] && [ "$MF" != - ]; then
   row "p99 with idle lanes / p99 fresh$([ "$REPEAT" = 1 ] || echo " (medians of $REPEAT)")" \
     "$(ratio "$(field "$MI" lanes.latency.p99_us)" "$(field "$MF" lanes.latency.p99_us)")" "≤ 1.25x"
 fi
+active_rows active-plain "baseline without lanes (plain \$share round robin), $ACTIVE topics at $RATE msg/s"
 if [ -f "$TMP/a2a-create.json" ]; then
   row "A2A: $A2A_LANES lanes created" "$(field a2a-create lanes.lanes_per_sec) lanes/s, RSS per lane $(field a2a-create lanes.rss_per_lane_bytes) B"
 fi
@@ -273,3 +284,4 @@ fi
 echo
 echo "lanemq-bench commands (--port/--broker-pid/--payload $PAYLOAD/--quiet added; a fresh broker per section):"
 for c in "${CMDS[@]}"; do echo "    $c"; done
+echo "1-minute load average when each started (a shared machine skews latency): ${LOADS[*]}"

@@ -6,8 +6,8 @@
 //!
 //! * `--lanes create`: publish one QoS 1 message to each of `--lanes-count` lanes with
 //!   `--publishers` connections and an inflight window of `--inflight`; report the lane
-//!   creation rate and the broker's RSS before, right after the last PUBACK and after
-//!   `--lanes-settle` seconds (→ bytes per lane).
+//!   creation rate and the broker's RSS before, right after the last PUBACK and once the
+//!   broker is quiet again (at most `--lanes-settle` seconds later) → bytes per lane.
 //! * `--lanes active`: `--lanes-members` connections subscribe to
 //!   `$share/<group>/<parent>/+/#` (QoS 1, user property `lane-offset` = `--lanes-offset`),
 //!   then `--lanes-active` lanes get `--rate` msg/s in total for `--duration` seconds
@@ -88,8 +88,10 @@ pub struct LanesOpts {
     /// active: `lane-offset` user property of the SUBSCRIBE (earliest, latest, <n>, or none).
     #[arg(id = "lanes_offset", long = "lanes-offset", default_value = "latest")]
     pub offset: String,
-    /// create: seconds to wait after the last PUBACK before the settled RSS sample.
-    #[arg(id = "lanes_settle", long = "lanes-settle", default_value_t = 2.0)]
+    /// create (with --broker-pid): after the last PUBACK, wait until the broker is quiet (under
+    /// 10% of a core for 2 s, and RSS steady), at most this many seconds, before the settled
+    /// RSS sample.
+    #[arg(id = "lanes_settle", long = "lanes-settle", default_value_t = 300.0)]
     pub settle: f64,
 }
 
@@ -115,6 +117,12 @@ pub struct LanesReport {
     pub rss_before_kb: Option<u64>,
     pub rss_after_kb: Option<u64>,
     pub rss_settled_kb: Option<u64>,
+    /// Seconds from the last PUBACK until the broker was quiet (or --lanes-settle ran out).
+    pub settle_secs: Option<f64>,
+    /// Broker CPU seconds spent during that time.
+    pub settle_cpu_secs: Option<f64>,
+    /// false when --lanes-settle ran out before the broker was quiet.
+    pub settled: Option<bool>,
     /// (settled − before) / acked lanes.
     pub rss_per_lane_bytes: Option<f64>,
     // ---- active
@@ -193,11 +201,19 @@ impl fmt::Display for LanesReport {
         if self.phase == "create" {
             writeln!(
                 f,
-                "lane creation: {:.0} lanes/s; broker RSS before {}, after {}, settled {}; per lane {}",
+                "lane creation: {:.0} lanes/s; broker RSS before {}, after {}, settled {} ({}); per lane {}",
                 self.lanes_per_sec.unwrap_or(0.0),
                 kb(self.rss_before_kb),
                 kb(self.rss_after_kb),
                 kb(self.rss_settled_kb),
+                match (self.settle_secs, self.settle_cpu_secs, self.settled) {
+                    (Some(s), c, Some(q)) => format!(
+                        "{}quiet after {s:.1}s, broker CPU {:.1}s meanwhile",
+                        if q { "" } else { "NOT " },
+                        c.unwrap_or(0.0)
+                    ),
+                    _ => "no --broker-pid".to_string(),
+                },
                 self.rss_per_lane_bytes
                     .map_or("n/a".to_string(), |b| format!("{b:.0} B"))
             )?;
@@ -485,6 +501,10 @@ async fn publish_loop(
         } else if !done_sending && now < cfg.start {
             next_due = Some(cfg.start);
         }
+        // The picker may have run out just now, with nothing left in flight.
+        if done_sending && wbuf.is_empty() && inflight == 0 {
+            return Ok(());
+        }
         let wake = match (next_due, cfg.end) {
             _ if done_sending || !wbuf.is_empty() => None,
             (Some(d), Some(e)) => Some(d.min(e)),
@@ -728,9 +748,12 @@ async fn run_create(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         rep.msgs_per_sec = rep.acked as f64 / rep.publish_secs;
         rep.lanes_per_sec = Some(rep.msgs_per_sec);
     }
-    if opts.broker_pid.is_some() {
-        tokio::time::sleep(Duration::from_secs_f64(lo.settle.max(0.0))).await;
-        rep.rss_settled_kb = opts.broker_pid.and_then(rss::vm_rss_kb);
+    if let Some(pid) = opts.broker_pid {
+        let (secs, cpu, quiet) = settle(pid, Duration::from_secs_f64(lo.settle.max(0.0))).await;
+        rep.rss_settled_kb = rss::vm_rss_kb(pid);
+        rep.settle_secs = Some(secs);
+        rep.settle_cpu_secs = cpu;
+        rep.settled = Some(quiet);
     }
     let _ = stop_rss_tx.send(true);
     if let Some(h) = sampler {
@@ -749,6 +772,51 @@ async fn run_create(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     report.elapsed_s = t0.elapsed().as_secs_f64();
     report.lanes = Some(rep);
     Ok(report)
+}
+
+/// utime + stime of `pid` in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Wait until the broker is quiet: under 10% of a core over the last 2 s and RSS within
+/// 1% over those 2 s, at most `max`. Returns (seconds waited, broker CPU seconds meanwhile,
+/// quiet reached).
+async fn settle(pid: u32, max: Duration) -> (f64, Option<f64>, bool) {
+    const TICKS_PER_SEC: f64 = 100.0; // USER_HZ on Linux
+    let t0 = Instant::now();
+    let cpu0 = cpu_ticks(pid);
+    let mut hist: std::collections::VecDeque<(Option<u64>, Option<u64>)> =
+        std::collections::VecDeque::new();
+    let mut quiet = false;
+    loop {
+        hist.push_back((cpu_ticks(pid), rss::vm_rss_kb(pid)));
+        if hist.len() > 5 {
+            hist.pop_front();
+        }
+        if hist.len() == 5 {
+            let (c0, r0) = hist[0];
+            let (c1, r1) = hist[4];
+            let cpu_ok = matches!((c0, c1), (Some(a), Some(b)) if (b.saturating_sub(a) as f64) < 0.1 * 2.0 * TICKS_PER_SEC);
+            let rss_ok = matches!((r0, r1), (Some(a), Some(b)) if (a as f64 - b as f64).abs() <= a as f64 * 0.01);
+            if cpu_ok && rss_ok {
+                quiet = true;
+                break;
+            }
+        }
+        if t0.elapsed() >= max {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cpu = cpu0
+        .zip(cpu_ticks(pid))
+        .map(|(a, b)| b.saturating_sub(a) as f64 / TICKS_PER_SEC);
+    (t0.elapsed().as_secs_f64(), cpu, quiet)
 }
 
 /// Per-lane state shared by the members: last sequence + 1 and last offset + 1 (0 = none).
