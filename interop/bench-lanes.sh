@@ -28,6 +28,7 @@
 #              `sync` between a create phase and the active phase)  SKIP_BUILD=1  KEEP_TMP=1
 #              LANEMQ_BIN=<target>/release/lanemq  LANEMQ_BENCH=<target>/release/lanemq-bench
 #              NO_LITE=1 (omit the [lite] section: a broker without lanes, to test the tool)
+#              STORAGE_TOML='index_cache_bytes = 268435456' (lines added to [storage])
 # A quick run (under a minute): LANES=20000 SECS=5 interop/bench-lanes.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -87,6 +88,7 @@ config() { # [nolite]
   {
     printf '[server]\nsys_interval_s = 0\nacl_file = "%s/allow.acl"\n' "$TMP"
     printf '[admin]\nenable = false\n[storage]\nfsync = "%s"\n' "$FSYNC"
+    [ -z "${STORAGE_TOML:-}" ] || printf '%s\n' "$STORAGE_TOML"
     if [ -z "${NO_LITE:-}" ] && [ "${1:-}" != nolite ]; then
       printf '[[lite.parents]]\nname = "agents"\npattern = "agents/{lane}/#"\n'
       printf 'ttl_s = 2592000\nmode = "shared"\nmax_lanes = 100000000\n'
@@ -217,7 +219,7 @@ echo
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB RAM;" \
   "git $(git rev-parse --short HEAD 2>/dev/null || echo '?'); fsync=$FSYNC; payload $PAYLOAD B; QoS 1"
 echo
-echo "command: LANES=$LANES ACTIVE=$ACTIVE RATE=$RATE SECS=$SECS WARMUP=$WARMUP MEMBERS=$MEMBERS REPEAT=$REPEAT" \
+echo "command: ${STORAGE_TOML:+STORAGE_TOML='$STORAGE_TOML' }LANES=$LANES ACTIVE=$ACTIVE RATE=$RATE SECS=$SECS WARMUP=$WARMUP MEMBERS=$MEMBERS REPEAT=$REPEAT" \
   "A2A_LANES=$A2A_LANES A2A_RATE=$A2A_RATE PUBS=$PUBS INFLIGHT=$INFLIGHT SECTIONS=\"$SECTIONS\" interop/bench-lanes.sh"
 echo
 echo "| figure | value | target |"
@@ -228,7 +230,12 @@ if [ -f "$TMP/create.json" ]; then
     "$(field create lanes.lanes_per_sec) lanes/s ($(field create lanes.acked) acked, $(field create lanes.ack_errors) refused, $(field create lanes.publish_secs) s)"
   row "broker RSS before / after the last PUBACK / settled" \
     "$(field create lanes.rss_before_kb) / $(field create lanes.rss_after_kb) / $(field create lanes.rss_settled_kb) KiB (quiet: $(field create lanes.settled) after $(field create lanes.settle_secs) s, broker CPU $(field create lanes.settle_cpu_secs) s meanwhile)"
-  row "broker RSS per idle lane" "$(field create lanes.rss_per_lane_bytes) B" "≤ 300 B"
+  row "broker RSS per idle lane (settled − before) / lanes" "$(field create lanes.rss_per_lane_bytes) B" "≤ 300 B"
+  if [ -f "$TMP/active-idle-1.json" ]; then
+    later=$(field active-idle-1 lanes.rss_before_kb)
+    row "broker RSS when the first active run started ($PAUSE s after sync), per idle lane" \
+      "$later KiB, $(python3 -c 'import sys; b,a,n=sys.argv[1:]; print("-" if "-" in (b,a) else "%.0f" % ((float(a)-float(b))*1024/float(n)))' "$(field create lanes.rss_before_kb)" "$later" "$LANES") B" "≤ 300 B"
+  fi
 fi
 if [ -f "$TMP/control.json" ]; then
   row "control: RSS per message outside any parent ($LANES topics)" "$(field control lanes.rss_per_lane_bytes) B" ""

@@ -114,6 +114,7 @@ pub struct LanesReport {
     pub msgs_per_sec: f64,
     // ---- create
     pub lanes_per_sec: Option<f64>,
+    /// Broker RSS when the run started (create and active).
     pub rss_before_kb: Option<u64>,
     pub rss_after_kb: Option<u64>,
     pub rss_settled_kb: Option<u64>,
@@ -1116,6 +1117,7 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         group: lo.group.clone(),
         lane_offset: lo.offset.clone(),
         rate: opts.rate,
+        rss_before_kb: opts.broker_pid.and_then(rss::vm_rss_kb),
         ..LanesReport::default()
     };
     let (stop_rss_tx, stop_rss_rx) = watch::channel(false);
