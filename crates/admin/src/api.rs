@@ -13,10 +13,13 @@ use axum::middleware::{from_fn, from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use lanemq_lite::{LaneInfo, LiteError, ParentDef, ParentInfo};
 use lanemq_streams::{GlobalSettings, StreamDef, StreamError, StreamInfo};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+pub use crate::lanes::{LaneDetail, LiteMetrics};
 
 /// Every endpoint lives under this prefix.
 pub const API_PREFIX: &str = "/api/v5";
@@ -48,6 +51,16 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/api/v5/authorization/reload"),
     ("GET", "/api/v5/stats"),
     ("GET", "/api/v5/openapi.json"),
+    ("GET", "/api/v5/lite/parents"),
+    ("POST", "/api/v5/lite/parents"),
+    ("GET", "/api/v5/lite/parents/{name}"),
+    ("PUT", "/api/v5/lite/parents/{name}"),
+    ("DELETE", "/api/v5/lite/parents/{name}"),
+    ("GET", "/api/v5/lite/parents/{name}/lanes"),
+    ("GET", "/api/v5/lite/parents/{name}/lanes/{lane}"),
+    ("GET", "/api/v5/lite/parents/{name}/groups"),
+    ("GET", "/api/v5/lite/parents/{name}/groups/{group}/lag"),
+    ("GET", "/api/v5/lite/metrics"),
 ];
 
 /// What the admin API needs from the broker. The methods are synchronous; the router calls
@@ -74,6 +87,40 @@ pub trait AdminBackend: Send + Sync + 'static {
     fn reload_authorization(&self) -> Result<String, String>;
     /// Broker statistics, returned as is by `GET /stats`.
     fn stats(&self) -> Value;
+
+    // --- lite parents and lanes (`/api/v5/lite/...`, docs/admin-api.md#lanes) ---
+
+    /// Every lite parent, in creation order.
+    fn list_parents(&self) -> Vec<ParentInfo>;
+    fn get_parent(&self, name: &str) -> Result<ParentInfo, LiteError>;
+    fn create_parent(&self, def: ParentDef) -> Result<ParentInfo, LiteError>;
+    /// Replaces the whole definition (an empty `name` means the path name).
+    fn update_parent(&self, name: &str, def: ParentDef) -> Result<ParentInfo, LiteError>;
+    /// Deletes the parent with its lanes, their index and the group offsets.
+    fn delete_parent(&self, name: &str) -> Result<(), LiteError>;
+    /// Up to `limit` lanes of `parent` sorted by key, all strictly after `after` (when
+    /// given), and whether more follow.
+    fn list_lanes(
+        &self,
+        parent: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<LaneInfo>, bool), LiteError>;
+    /// One lane with the figures of every group of its parent (`None`: no such lane).
+    fn get_lane(&self, parent: &str, lane: &str) -> Result<Option<LaneDetail>, LiteError>;
+    /// The consumer groups of `parent` (JSON objects, one per group, sorted by name).
+    fn lite_groups(&self, parent: &str) -> Result<Vec<Value>, LiteError>;
+    /// The figures of `group` on up to `limit` lanes of `parent` sorted by key, strictly
+    /// after `after`, and whether more follow (`None`: no such group).
+    fn group_lag(
+        &self,
+        parent: &str,
+        group: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<(Vec<Value>, bool)>, LiteError>;
+    /// The lite layer's gauges and counters (`GET /lite/metrics`).
+    fn lite_metrics(&self) -> LiteMetrics;
 }
 
 /// Tunables of [`router_with`].
@@ -93,14 +140,18 @@ impl Default for RouterOptions {
 
 /// An error response: `{"code": "...", "message": "..."}` with its status.
 #[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
-    code: &'static str,
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) code: &'static str,
     message: String,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             code,
@@ -108,7 +159,7 @@ impl ApiError {
         }
     }
 
-    fn bad_request(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "BAD_REQUEST", message)
     }
 
@@ -153,7 +204,7 @@ impl From<StreamError> for ApiError {
 
 /// A JSON request body: the content type must be `application/json` (or `...+json`), at most
 /// [`BODY_LIMIT`] bytes; every failure is a JSON error (400 with serde's message, or 413).
-struct JsonBody<T>(T);
+pub(crate) struct JsonBody<T>(pub(crate) T);
 
 fn is_json_content_type(headers: &HeaderMap) -> bool {
     let Some(v) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
@@ -199,12 +250,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 }
 
 #[derive(Clone)]
-struct AppState {
-    backend: Arc<dyn AdminBackend>,
+pub(crate) struct AppState {
+    pub(crate) backend: Arc<dyn AdminBackend>,
 }
 
 /// Runs a backend call on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -212,7 +263,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("backend call failed: {e}")))
 }
 
-fn path_name(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+pub(crate) fn path_name(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     p.map(|Path(n)| n)
         .map_err(|e| ApiError::bad_request(format!("invalid path: {}", e.body_text())))
 }
@@ -442,6 +493,7 @@ pub fn router_with(backend: Arc<dyn AdminBackend>, token: String, opts: RouterOp
         .route("/api/v5/authorization/reload", post(reload_authorization))
         .route("/api/v5/stats", get(stats))
         .route("/api/v5/openapi.json", get(openapi_doc))
+        .merge(crate::lanes::routes())
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .with_state(state)

@@ -56,7 +56,8 @@ pub fn request(
 }
 
 /// Sends a request with exactly these extra headers (besides `Host`, `Content-Length`,
-/// `Connection: close` and `Accept`) and returns the whole response.
+/// `Connection: close` and `Accept: application/json` unless `headers` has an `Accept`) and
+/// returns the whole response.
 pub fn request_with_headers(
     addr: &str,
     method: &str,
@@ -87,7 +88,13 @@ pub fn request_with_headers(
     if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
         head.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
-    head.push_str("Accept: application/json\r\nConnection: close\r\n\r\n");
+    if !headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("accept"))
+    {
+        head.push_str("Accept: application/json\r\n");
+    }
+    head.push_str("Connection: close\r\n\r\n");
 
     let mut w = &stream;
     let sent = w

@@ -89,7 +89,7 @@ fn op(
         "operationId": id,
         "summary": summary,
         "description": description,
-        "tags": [if id.contains("tream") || id.contains("etting") { "streams" } else { "broker" }],
+        "tags": [tag_of(id)],
         "parameters": params,
         "responses": responses,
     });
@@ -99,6 +99,19 @@ fn op(
         o["requestBody"] = b;
     }
     o
+}
+
+fn tag_of(id: &str) -> &'static str {
+    if id.contains("tream") || id.contains("etting") {
+        "streams"
+    } else if ["Parent", "Lane", "Lite", "Group"]
+        .iter()
+        .any(|w| id.contains(w))
+    {
+        "lanes"
+    } else {
+        "broker"
+    }
 }
 
 fn name_param() -> Value {
@@ -203,6 +216,302 @@ fn config_item(alias: bool) -> Value {
             &[],
         ),
     })
+}
+
+fn parent_param() -> Value {
+    json!({
+        "name": "name", "in": "path", "required": true,
+        "description": "Lite parent name (`[A-Za-z0-9_.-]{1,64}`)",
+        "schema": { "type": "string" }
+    })
+}
+
+fn page_params() -> Vec<Value> {
+    vec![
+        json!({ "name": "limit", "in": "query", "required": false,
+          "description": "Page size, 1–10000 (default 100); out of range: 400",
+          "schema": { "type": "integer", "minimum": 1, "maximum": 10000, "default": 100 } }),
+        json!({ "name": "after", "in": "query", "required": false,
+          "description": "`meta.cursor` of the previous page (url-encoded): the page starts \
+                          strictly after this lane key; `cursor` is an alias",
+          "schema": { "type": "string" } }),
+    ]
+}
+
+fn no_parent() -> (&'static str, Value) {
+    ("404", err("No lite parent of that name", &["NOT_FOUND"]))
+}
+
+fn lanes_paths(paths: &mut Map<String, Value>) {
+    let page_400 = (
+        "400",
+        err("Invalid `limit` or query string", &["BAD_REQUEST"]),
+    );
+    paths.insert(
+        "/api/v5/lite/parents".into(),
+        json!({
+            "get": op(
+                "listLiteParents",
+                "List lite parents",
+                "Every lite parent (configured or created over REST) in creation order, with its \
+                 lane count.",
+                json!([]),
+                None,
+                ("200", ok("The parents", schema_ref("LiteParentList"))),
+                &[],
+            ),
+            "post": op(
+                "createLiteParent",
+                "Create a lite parent",
+                "Creates a parent: publishes matching its pattern go into lanes from now on.",
+                json!([]),
+                Some(schema_ref("LiteParentDef")),
+                ("200", ok("The created parent", schema_ref("LiteParentInfo"))),
+                &[(
+                    "409",
+                    err(
+                        "A parent of that name exists (ALREADY_EXISTS), or one with the same \
+                         pattern (CONFLICT)",
+                        &["ALREADY_EXISTS", "CONFLICT"],
+                    ),
+                )],
+            ),
+        }),
+    );
+    paths.insert(
+        "/api/v5/lite/parents/{name}".into(),
+        json!({
+            "get": op(
+                "getLiteParent",
+                "Show a lite parent",
+                "The parent's definition and lane count.",
+                json!([parent_param()]),
+                None,
+                ("200", ok("The parent", schema_ref("LiteParentInfo"))),
+                &[no_parent()],
+            ),
+            "put": op(
+                "updateLiteParent",
+                "Update a lite parent",
+                "Replaces the whole definition (omitted fields take their defaults). `name` may \
+                 be omitted and otherwise must equal the path name. `pattern` and \
+                 `key_levels` cannot change while the parent has lanes (409 CONFLICT).",
+                json!([parent_param()]),
+                Some(schema_ref("LiteParentDef")),
+                ("200", ok("The updated parent", schema_ref("LiteParentInfo"))),
+                &[
+                    no_parent(),
+                    ("409", err("The pattern or key_levels of a parent with lanes", &["CONFLICT"])),
+                ],
+            ),
+            "delete": op(
+                "deleteLiteParent",
+                "Delete a lite parent",
+                "Deletes the parent, its lanes (index, group offsets, in-flight state) and its \
+                 groups. The messages stay in the log.",
+                json!([parent_param()]),
+                None,
+                ("204", json!({ "description": "Deleted (no body)" })),
+                &[no_parent()],
+            ),
+        }),
+    );
+    let mut lane_list_params = vec![parent_param()];
+    lane_list_params.extend(page_params());
+    paths.insert(
+        "/api/v5/lite/parents/{name}/lanes".into(),
+        json!({
+            "get": op(
+                "listLanes",
+                "List the lanes of a parent",
+                "Lanes sorted by key, paginated with a cursor.",
+                Value::Array(lane_list_params),
+                None,
+                ("200", ok("A page of lanes", schema_ref("LaneList"))),
+                &[no_parent(), page_400.clone()],
+            ),
+        }),
+    );
+    paths.insert(
+        "/api/v5/lite/parents/{name}/lanes/{lane}".into(),
+        json!({
+            "get": op(
+                "getLane",
+                "Show a lane",
+                "One lane with the figures of every group of its parent.",
+                json!([parent_param(), {
+                    "name": "lane", "in": "path", "required": true,
+                    "description": "Lane key; a key of several levels is url-encoded \
+                                    (`s%2F42`) or written as is (`s/42`)",
+                    "schema": { "type": "string" }
+                }]),
+                None,
+                ("200", ok("The lane", schema_ref("LaneDetail"))),
+                &[("404", err("No lite parent of that name, or no such lane", &["NOT_FOUND"]))],
+            ),
+        }),
+    );
+    paths.insert(
+        "/api/v5/lite/parents/{name}/groups".into(),
+        json!({
+            "get": op(
+                "listLiteGroups",
+                "List the groups of a parent",
+                "The consumer groups (`$share/<group>/...` inside the parent) known to the \
+                 dispatcher or stored, sorted by name.",
+                json!([parent_param()]),
+                None,
+                ("200", ok("The groups", schema_ref("LiteGroupList"))),
+                &[no_parent()],
+            ),
+        }),
+    );
+    let mut lag_params = vec![
+        parent_param(),
+        json!({ "name": "group", "in": "path", "required": true,
+                "description": "Group name", "schema": { "type": "string" } }),
+    ];
+    lag_params.extend(page_params());
+    paths.insert(
+        "/api/v5/lite/parents/{name}/groups/{group}/lag".into(),
+        json!({
+            "get": op(
+                "getGroupLag",
+                "Lag of a group per lane",
+                "The group's committed offset, in-flight messages and lag on each lane of the \
+                 parent, lanes sorted by key, paginated with a cursor.",
+                Value::Array(lag_params),
+                None,
+                ("200", ok("A page of lanes", schema_ref("GroupLagList"))),
+                &[
+                    ("404", err("No lite parent of that name, or no such group", &["NOT_FOUND"])),
+                    page_400,
+                ],
+            ),
+        }),
+    );
+    let mut metrics = op(
+        "getLiteMetrics",
+        "Lite-layer metrics",
+        "Prometheus text exposition (format 0.0.4) of the lane gauges and counters. A request \
+         whose `Accept` lists `application/json` and no text type (`text/plain`, `*/*`, \
+         OpenMetrics) gets the same figures as one JSON object.",
+        json!([]),
+        None,
+        ("200", ok("Metrics", json!({ "type": "object" }))),
+        &[],
+    );
+    metrics["responses"]["200"]["content"]["text/plain"] =
+        json!({ "schema": { "type": "string" } });
+    paths.insert("/api/v5/lite/metrics".into(), json!({ "get": metrics }));
+}
+
+fn lanes_schemas(s: &mut Value) {
+    let def = json!({
+        "name": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$" },
+        "pattern": { "type": "string", "example": "agents/{lane}/#",
+                     "description": "topic pattern with exactly one `{lane}` level; literal levels, `+`, a trailing `#`; not starting with `$`" },
+        "key_levels": { "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
+                        "description": "topic levels the lane key spans, from `{lane}` (joined by `/`)" },
+        "ttl_s": { "type": "integer", "minimum": 1, "maximum": 2592000, "default": 3600,
+                   "description": "a lane expires after this many seconds without a publish" },
+        "mode": { "type": "string", "enum": ["shared", "exclusive"], "default": "shared" },
+        "max_attempts": { "type": "integer", "minimum": 1, "default": 16 },
+        "max_lanes": { "type": "integer", "minimum": 1, "default": 10000000,
+                       "description": "a publish creating one more lane is refused (PUBACK 0x97)" },
+        "max_key_bytes": { "type": "integer", "minimum": 1, "maximum": 65535, "default": 64,
+                           "description": "a longer key is refused (PUBACK 0x90)" },
+        "batch": { "type": "integer", "minimum": 1, "maximum": 1024, "default": 32,
+                   "description": "messages of one lane in flight to one member at once" }
+    });
+    let mut info = def.clone();
+    info["lanes"] = json!({ "type": "integer", "description": "lanes the parent holds" });
+    let lane = json!({
+        "lane": { "type": "string", "description": "lane key" },
+        "id": { "type": "integer", "description": "internal lane id" },
+        "next_offset": { "type": "integer", "description": "offset the next publish gets" },
+        "first_offset": { "type": "integer", "description": "oldest indexed offset (= next_offset when none)" },
+        "last_publish_us": { "type": "integer" },
+        "expires_at_us": { "type": "integer", "description": "last_publish_us + ttl_s" }
+    });
+    let group_lane = json!({
+        "lane": { "type": "string" },
+        "committed": { "type": "integer", "description": "the first unacknowledged offset" },
+        "next_offset": { "type": "integer" },
+        "lag": { "type": "integer", "description": "next_offset - committed" },
+        "inflight": { "type": "integer", "description": "messages of the open batch not yet answered" },
+        "paused_for_ms": { "type": "integer", "nullable": true, "description": "remaining suspend / retry pause" },
+        "holder": { "type": "string", "nullable": true, "description": "client holding the open batch" }
+    });
+    let mut detail_group = group_lane.clone();
+    detail_group["group"] = json!({ "type": "string" });
+    let mut detail = lane.clone();
+    detail["groups"] =
+        json!({ "type": "array", "items": { "type": "object", "properties": detail_group } });
+    let page_meta = json!({
+        "type": "object", "required": ["hasnext", "limit"],
+        "properties": {
+            "hasnext": { "type": "boolean" },
+            "cursor": { "type": "string", "description": "present when hasnext: pass as `after` (url-encoded) for the next page" },
+            "limit": { "type": "integer" },
+            "count": { "type": "integer", "description": "items in this page" }
+        }
+    });
+    let list_meta = json!({ "type": "object", "properties": {
+        "count": { "type": "integer" }, "hasnext": { "type": "boolean", "enum": [false] } } });
+    let add = [
+        (
+            "LiteParentDef",
+            json!({ "type": "object", "additionalProperties": false,
+                                  "required": ["name", "pattern"], "properties": def }),
+        ),
+        (
+            "LiteParentInfo",
+            json!({ "type": "object", "properties": info }),
+        ),
+        (
+            "LiteParentList",
+            json!({ "type": "object", "properties": {
+            "data": { "type": "array", "items": schema_ref("LiteParentInfo") }, "meta": list_meta.clone() } }),
+        ),
+        ("LaneInfo", json!({ "type": "object", "properties": lane })),
+        (
+            "LaneList",
+            json!({ "type": "object", "properties": {
+            "data": { "type": "array", "items": schema_ref("LaneInfo") }, "meta": page_meta.clone() } }),
+        ),
+        (
+            "LaneDetail",
+            json!({ "type": "object", "properties": detail }),
+        ),
+        (
+            "LiteGroup",
+            json!({ "type": "object", "properties": {
+            "group": { "type": "string" },
+            "members": { "type": "array", "items": { "type": "string" }, "description": "client ids" },
+            "online_members": { "type": "integer" },
+            "active_lanes": { "type": "integer", "description": "lanes with an open batch" },
+            "inflight": { "type": "integer" } } }),
+        ),
+        (
+            "LiteGroupList",
+            json!({ "type": "object", "properties": {
+            "data": { "type": "array", "items": schema_ref("LiteGroup") }, "meta": list_meta } }),
+        ),
+        (
+            "GroupLane",
+            json!({ "type": "object", "properties": group_lane }),
+        ),
+        (
+            "GroupLagList",
+            json!({ "type": "object", "properties": {
+            "group": { "type": "string" },
+            "data": { "type": "array", "items": schema_ref("GroupLane") }, "meta": page_meta } }),
+        ),
+    ];
+    for (k, v) in add {
+        s[k] = v;
+    }
 }
 
 fn schemas() -> Value {
@@ -357,6 +666,9 @@ pub fn document() -> Value {
     );
     paths.insert("/api/v5/stats".into(), json!({ "get": stats }));
     paths.insert("/api/v5/openapi.json".into(), json!({ "get": openapi }));
+    lanes_paths(&mut paths);
+    let mut schemas = schemas();
+    lanes_schemas(&mut schemas);
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -368,15 +680,16 @@ pub fn document() -> Value {
                             `{\"code\",\"message\"}`; an unknown path is 404 `NOT_FOUND`, a \
                             wrong method 405 `METHOD_NOT_ALLOWED`. The `/message_streams/...` \
                             paths are aliases of the `/streams`, `/stream/{name}` and \
-                            `/streams/config` paths."
+                            `/streams/config` paths. `/lite/...`: lite parents, their lanes, \
+                            consumer groups and metrics (docs/lanes.md)."
         },
         "servers": [{ "url": "/" }],
         "security": [{ "bearer": [] }],
-        "tags": [{ "name": "streams" }, { "name": "broker" }],
+        "tags": [{ "name": "streams" }, { "name": "lanes" }, { "name": "broker" }],
         "paths": paths,
         "components": {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
-            "schemas": schemas(),
+            "schemas": schemas,
         }
     })
 }

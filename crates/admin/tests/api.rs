@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lanemq_admin::client::{request, request_with_headers};
-use lanemq_admin::{router_with, serve, AdminBackend, RouterOptions, ROUTES};
+use lanemq_admin::{
+    router_with, serve, AdminBackend, LaneDetail, LiteMetrics, RouterOptions, ROUTES,
+};
+use lanemq_lite::{LaneInfo, LiteError, ParentDef, ParentInfo};
 use lanemq_streams::{GlobalSettings, StreamDef, StreamError, StreamInfo, StreamStats};
 use serde_json::{json, Value};
 
@@ -18,6 +21,7 @@ struct Fake {
     streams: Mutex<BTreeMap<String, StreamInfo>>,
     settings: Mutex<GlobalSettings>,
     reload_error: Mutex<Option<String>>,
+    parents: Mutex<BTreeMap<String, ParentInfo>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -131,6 +135,82 @@ impl AdminBackend for Fake {
 
     fn stats(&self) -> Value {
         json!({ "connections": 3, "streams": lock(&self.streams).len() })
+    }
+
+    // Lite parents: an in-memory registry without lanes (the real ones: tests/lanes_admin.rs).
+
+    fn list_parents(&self) -> Vec<ParentInfo> {
+        lock(&self.parents).values().cloned().collect()
+    }
+
+    fn get_parent(&self, name: &str) -> Result<ParentInfo, LiteError> {
+        lock(&self.parents)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| LiteError::NotFound(name.to_string()))
+    }
+
+    fn create_parent(&self, def: ParentDef) -> Result<ParentInfo, LiteError> {
+        let mut m = lock(&self.parents);
+        if m.contains_key(&def.name) {
+            return Err(LiteError::Exists(def.name));
+        }
+        let info = ParentInfo {
+            def: def.clone(),
+            lanes: 0,
+        };
+        m.insert(def.name, info.clone());
+        Ok(info)
+    }
+
+    fn update_parent(&self, name: &str, def: ParentDef) -> Result<ParentInfo, LiteError> {
+        let mut m = lock(&self.parents);
+        let cur = m
+            .get_mut(name)
+            .ok_or_else(|| LiteError::NotFound(name.to_string()))?;
+        cur.def = def;
+        Ok(cur.clone())
+    }
+
+    fn delete_parent(&self, name: &str) -> Result<(), LiteError> {
+        lock(&self.parents)
+            .remove(name)
+            .map(|_| ())
+            .ok_or_else(|| LiteError::NotFound(name.to_string()))
+    }
+
+    fn list_lanes(
+        &self,
+        parent: &str,
+        _after: Option<&str>,
+        _limit: usize,
+    ) -> Result<(Vec<LaneInfo>, bool), LiteError> {
+        self.get_parent(parent).map(|_| (Vec::new(), false))
+    }
+
+    fn get_lane(&self, parent: &str, _lane: &str) -> Result<Option<LaneDetail>, LiteError> {
+        self.get_parent(parent).map(|_| None)
+    }
+
+    fn lite_groups(&self, parent: &str) -> Result<Vec<Value>, LiteError> {
+        self.get_parent(parent).map(|_| Vec::new())
+    }
+
+    fn group_lag(
+        &self,
+        parent: &str,
+        _group: &str,
+        _after: Option<&str>,
+        _limit: usize,
+    ) -> Result<Option<(Vec<Value>, bool)>, LiteError> {
+        self.get_parent(parent).map(|_| None)
+    }
+
+    fn lite_metrics(&self) -> LiteMetrics {
+        LiteMetrics {
+            parents: lock(&self.parents).len() as u64,
+            ..Default::default()
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 
 use crate::broker::Broker;
 use crate::config::Config;
-use lanemq_admin::AdminBackend;
+use lanemq_admin::{AdminBackend, LaneDetail, LiteMetrics};
+use lanemq_lite::{LaneInfo, LiteError, ParentDef, ParentInfo};
 use lanemq_streams::{GlobalSettings, StreamDef, StreamError, StreamInfo};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -122,6 +123,152 @@ impl AdminBackend for BrokerAdmin {
             "streams": streams,
         })
     }
+
+    fn list_parents(&self) -> Vec<ParentInfo> {
+        self.broker.lite.engine.list_parents()
+    }
+
+    fn get_parent(&self, name: &str) -> Result<ParentInfo, LiteError> {
+        self.broker.lite.engine.get_parent(name)
+    }
+
+    fn create_parent(&self, def: ParentDef) -> Result<ParentInfo, LiteError> {
+        let engine = &self.broker.lite.engine;
+        let info = engine.create_parent(def)?;
+        engine.warn_overlaps();
+        info!(parent = %info.def.name, pattern = %info.def.pattern, "admin API: lite parent created");
+        Ok(info)
+    }
+
+    fn update_parent(&self, name: &str, def: ParentDef) -> Result<ParentInfo, LiteError> {
+        let engine = &self.broker.lite.engine;
+        let info = engine.update_parent(name, def)?;
+        engine.warn_overlaps();
+        info!(parent = %name, "admin API: lite parent updated");
+        Ok(info)
+    }
+
+    fn delete_parent(&self, name: &str) -> Result<(), LiteError> {
+        let ids = self.broker.lite.engine.delete_parent(name)?;
+        info!(parent = %name, lanes = ids.len(), "admin API: lite parent deleted");
+        // The dispatcher forgets the lanes and drops the groups of the parent.
+        self.broker.lite.send(crate::lite::Event::LanesRemoved(ids));
+        Ok(())
+    }
+
+    fn list_lanes(
+        &self,
+        parent: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<LaneInfo>, bool), LiteError> {
+        self.broker.lite.engine.list_lanes(parent, after, limit)
+    }
+
+    fn get_lane(&self, parent: &str, lane: &str) -> Result<Option<LaneDetail>, LiteError> {
+        let engine = &self.broker.lite.engine;
+        let Some(info) = engine.get_lane(parent, lane)? else {
+            return Ok(None);
+        };
+        let pid = parent_id(engine, parent)?;
+        let (id, key, next) = (info.id, info.lane.clone(), info.next_offset);
+        let groups = self.query(move |d| {
+            d.groups_of(pid)
+                .into_iter()
+                .map(|g| with_group(&g.group, &d.group_lane(pid, &g.group, id, &key, next)))
+                .collect::<Vec<Value>>()
+        })?;
+        Ok(Some(LaneDetail { lane: info, groups }))
+    }
+
+    fn lite_groups(&self, parent: &str) -> Result<Vec<Value>, LiteError> {
+        let pid = parent_id(&self.broker.lite.engine, parent)?;
+        self.query(move |d| {
+            d.groups_of(pid)
+                .iter()
+                .map(|g| serde_json::to_value(g).unwrap_or(Value::Null))
+                .collect()
+        })
+    }
+
+    fn group_lag(
+        &self,
+        parent: &str,
+        group: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<(Vec<Value>, bool)>, LiteError> {
+        let engine = &self.broker.lite.engine;
+        let pid = parent_id(engine, parent)?;
+        let (lanes, more) = engine.list_lanes(parent, after, limit)?;
+        let group = group.to_string();
+        let rows = self.query(move |d| {
+            if !d.groups_of(pid).iter().any(|g| g.group == group) {
+                return None;
+            }
+            Some(
+                lanes
+                    .iter()
+                    .map(|l| {
+                        let gl = d.group_lane(pid, &group, l.id, &l.lane, l.next_offset);
+                        serde_json::to_value(gl).unwrap_or(Value::Null)
+                    })
+                    .collect::<Vec<Value>>(),
+            )
+        })?;
+        Ok(rows.map(|r| (r, more)))
+    }
+
+    fn lite_metrics(&self) -> LiteMetrics {
+        let engine = &self.broker.lite.engine;
+        let c = &engine.counters;
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let parents = engine.list_parents();
+        LiteMetrics {
+            lanes: engine.lane_count() as u64,
+            parents: parents.len() as u64,
+            lanes_created: n(&c.lanes_created),
+            lanes_expired: n(&c.lanes_expired),
+            suspended: n(&c.suspended),
+            retried: n(&c.retried),
+            redelivered: n(&c.redelivered),
+            dead_lettered: n(&c.dead_lettered),
+            committed: n(&c.committed),
+            publish_refused: n(&c.publish_refused),
+            indexed: n(&c.indexed),
+            parent_lanes: parents.into_iter().map(|p| (p.def.name, p.lanes)).collect(),
+        }
+    }
+}
+
+impl BrokerAdmin {
+    /// Runs `f` on the lane dispatcher (bounded wait).
+    fn query<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&crate::lite::Dispatcher) -> T + Send + 'static,
+    ) -> Result<T, LiteError> {
+        self.broker
+            .lite
+            .query(f)
+            .ok_or_else(|| LiteError::Storage("the lane dispatcher did not answer".into()))
+    }
+}
+
+fn parent_id(engine: &lanemq_lite::Engine, name: &str) -> Result<u32, LiteError> {
+    engine
+        .parent(name)
+        .map(|p| p.id)
+        .ok_or_else(|| LiteError::NotFound(name.into()))
+}
+
+/// A group's figures on one lane, with the group name first.
+fn with_group(group: &str, gl: &crate::lite::GroupLane) -> Value {
+    let mut o = serde_json::Map::new();
+    o.insert("group".into(), Value::String(group.to_string()));
+    if let Ok(Value::Object(m)) = serde_json::to_value(gl) {
+        o.extend(m);
+    }
+    Value::Object(o)
 }
 
 /// The admin API bound and its token loaded, not yet serving. [`prepare`] runs before the

@@ -582,8 +582,10 @@ impl Dispatcher {
                 }
             }
         }
-        // Lanes to look at: all of them for a new group, only the member's otherwise.
-        let lanes = if fresh || existing.is_none() {
+        // Lanes to look at: all of the member's for a new group, the one lane of a one-lane
+        // member; a member joining a running group takes lanes from its ready set (the cost
+        // of a join does not grow with the idle lanes).
+        let lanes = if fresh || (existing.is_none() && matches!(sel, LaneSel::One(_))) {
             self.engine.lanes_of(j.parent, &sel)
         } else {
             Vec::new()
@@ -769,6 +771,8 @@ impl Dispatcher {
         let Some(g) = self.groups.get_mut(&tag.group) else {
             return;
         };
+        // The group offset moves with every acknowledgement (the first unacknowledged one).
+        advance(g, tag.lane, &mut self.dirty, &self.engine);
         if finished {
             if let Some(run) = g.runs.get_mut(&tag.lane) {
                 run.batch = None;

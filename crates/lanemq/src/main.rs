@@ -1,5 +1,6 @@
-//! The `lanemq` binary: `serve`, `generate-config`, `check-config`, `bench`, `streams`, ...
+//! The `lanemq` binary: `serve`, `generate-config`, `check-config`, `bench`, `streams`, `lanes`, ...
 
+mod lanes_cli;
 mod streams_cli;
 
 use anyhow::{Context, Result};
@@ -58,6 +59,8 @@ enum Command {
     },
     /// Manage named streams through the REST admin API of a running broker.
     Streams(streams_cli::StreamsArgs),
+    /// Lite parents, lanes, groups and lane metrics through the REST admin API.
+    Lanes(lanes_cli::LanesArgs),
     /// Offline tools for the shared log (run them while the broker is stopped).
     Log {
         #[command(subcommand)]
@@ -171,6 +174,7 @@ fn main() -> std::process::ExitCode {
         Command::Passwd { file, user, delete } => passwd(&file, &user, delete),
         Command::Acl { command } => acl_command(command),
         Command::Streams(args) => streams_cli::run(args),
+        Command::Lanes(args) => lanes_cli::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

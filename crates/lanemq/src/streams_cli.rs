@@ -162,13 +162,13 @@ impl StreamFields {
 }
 
 /// The admin API endpoint and token.
-struct Api {
-    addr: String,
-    token: String,
+pub(crate) struct Api {
+    pub(crate) addr: String,
+    pub(crate) token: String,
 }
 
 /// `host:port` from `host:port`, `http://host:port` or `http://host:port/`.
-fn host_port(url: &str) -> Result<String> {
+pub(crate) fn host_port(url: &str) -> Result<String> {
     let u = url.trim();
     if u.starts_with("https://") {
         bail!("--url {u}: https is not supported (the admin API speaks plain HTTP on loopback)");
@@ -182,17 +182,29 @@ fn host_port(url: &str) -> Result<String> {
 }
 
 fn token(args: &StreamsArgs) -> Result<String> {
-    if let Some(t) = &args.token {
+    resolve_token(
+        args.token.as_deref(),
+        args.token_file.as_deref(),
+        &args.data_dir,
+    )
+}
+
+/// The token: `--token`, else `--token-file`, else `<data-dir>/admin.token`.
+pub(crate) fn resolve_token(
+    token: Option<&str>,
+    token_file: Option<&std::path::Path>,
+    data_dir: &std::path::Path,
+) -> Result<String> {
+    if let Some(t) = token {
         let t = t.trim();
         if t.is_empty() {
             bail!("--token / LANEMQ_ADMIN_TOKEN is empty");
         }
         return Ok(t.to_string());
     }
-    let path = args
-        .token_file
-        .clone()
-        .unwrap_or_else(|| args.data_dir.join("admin.token"));
+    let path = token_file
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| data_dir.join("admin.token"));
     let t = std::fs::read_to_string(&path).with_context(|| {
         format!(
             "no admin API token: cannot read {} (pass --token, set LANEMQ_ADMIN_TOKEN, \
@@ -208,7 +220,7 @@ fn token(args: &StreamsArgs) -> Result<String> {
 }
 
 /// Percent-encodes a path segment (stream names are plain, but be safe).
-fn segment(s: &str) -> String {
+pub(crate) fn segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
@@ -237,7 +249,12 @@ fn json_arg(arg: &str) -> Result<Value> {
 
 impl Api {
     /// Sends a request; an HTTP status >= 400 becomes an error with the server's message.
-    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value)> {
         let body = body.map(Value::to_string);
         let (status, text) =
             lanemq_admin::client::request(&self.addr, &self.token, method, path, body.as_deref())
@@ -266,7 +283,7 @@ impl Api {
     }
 }
 
-fn print_pretty(v: &Value) -> Result<()> {
+pub(crate) fn print_pretty(v: &Value) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
 }

@@ -273,8 +273,6 @@ impl Engine {
         self.any.load(Ordering::Acquire)
     }
 
-    fn rebuild_lane_counts(&self) {}
-
     fn recover(&self) -> Result<(), LiteError> {
         let parents = self.parents();
         let mut t = self.lock();
@@ -382,7 +380,6 @@ impl Engine {
             self.tree.apply_batch(b)?;
         }
         self.tree.insert([b'w'], &end.to_be_bytes())?;
-        self.rebuild_lane_counts();
         let lanes = self.lock().lanes.len();
         info!(lanes, replayed, "lite lanes recovered");
         Ok(())
@@ -528,7 +525,7 @@ impl Engine {
             v[8..].copy_from_slice(&p.ts_us.to_be_bytes());
             b.insert(&entry_key(p.lane, p.seq), &v[..]);
         }
-        b.insert(&[b'w'], &watermark.to_be_bytes());
+        b.insert(b"w", &watermark.to_be_bytes());
         self.tree.apply_batch(b)?;
         self.counters
             .indexed

@@ -1,0 +1,490 @@
+//! The lite-topic layer (`/work/shared/spec/lite.md`, docs/lanes.md) against an in-process
+//! server with raw MQTT 5 clients: lanes and their offsets, groups over `$share`, one batch
+//! in flight, commits, suspend / retry / reject and the dead-letter topic, redelivery on
+//! member loss and on session resume, exclusive mode, key and quota refusals, TTL expiry,
+//! `lane-offset` starts and plain one-lane replays.
+//! Restarts and kill -9: tests/lanes_restart.rs.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use lanemq_lite::{Mode, ParentDef};
+use lanemq_protocol::{
+    AckProperties, Connect, Packet, PubResp, Publish, QoS, Subscribe, SubscribeFilter,
+    SubscribeProperties,
+};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+fn parent(name: &str, pattern: &str) -> ParentDef {
+    ParentDef {
+        name: name.into(),
+        pattern: pattern.into(),
+        ..Default::default()
+    }
+}
+
+fn lite_config(parents: Vec<ParentDef>) -> lanemq_broker::Config {
+    let mut cfg = config();
+    cfg.lite.parents = parents;
+    cfg.lite.sweep_interval_ms = 100;
+    cfg.lite.flush_interval_ms = 20;
+    cfg
+}
+
+async fn server(parents: Vec<ParentDef>) -> TestServer {
+    TestServer::start(lite_config(parents)).await
+}
+
+async fn agents() -> TestServer {
+    server(vec![parent("agents", "agents/{lane}/#")]).await
+}
+
+fn persistent(id: &str, clean_start: bool) -> Connect {
+    let mut c = connect_v5(id);
+    c.clean_start = clean_start;
+    c.properties.session_expiry_interval = Some(3600);
+    c
+}
+
+/// SUBSCRIBE one filter with user properties; returns the SUBACK codes.
+async fn subscribe_props(
+    c: &mut RawClient,
+    filter: &str,
+    qos: QoS,
+    props: &[(&str, &str)],
+) -> Vec<u8> {
+    let pid = c.next_pid();
+    c.send(Packet::Subscribe(Subscribe {
+        packet_id: pid,
+        filters: vec![SubscribeFilter {
+            filter: filter.into(),
+            options: sub_opts(qos),
+        }],
+        properties: SubscribeProperties {
+            subscription_identifier: None,
+            user_properties: props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        },
+    }))
+    .await;
+    match c.recv().await {
+        Packet::SubAck(a) => a.reason_codes,
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+}
+
+async fn join(c: &mut RawClient, filter: &str) {
+    assert_eq!(
+        subscribe_props(c, filter, QoS::AtLeastOnce, &[]).await,
+        vec![1]
+    );
+}
+
+async fn puback(c: &mut RawClient, pid: u16, code: u8, props: &[(&str, &str)]) {
+    c.send(Packet::PubAck(PubResp {
+        packet_id: pid,
+        reason_code: code,
+        properties: AckProperties {
+            reason_string: None,
+            user_properties: props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        },
+    }))
+    .await;
+}
+
+fn lane_of(p: &Publish) -> String {
+    user_prop(p, "lane")
+        .unwrap_or_else(|| panic!("no lane user property on {p:?}"))
+        .to_string()
+}
+
+fn offset_of(p: &Publish) -> u64 {
+    user_prop(p, "lane-offset")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no lane-offset user property on {p:?}"))
+}
+
+fn body(p: &Publish) -> String {
+    String::from_utf8(p.payload.to_vec()).unwrap()
+}
+
+async fn publish(c: &mut RawClient, topic: &str, payload: &str) -> u8 {
+    c.publish_qos1(topic, payload.as_bytes()).await
+}
+
+#[tokio::test]
+async fn group_receives_every_lane_in_order_with_lane_properties() {
+    let s = agents().await;
+    let mut w = s.v5("w1").await;
+    // QoS 2 requested: a lane group grants at most QoS 1.
+    assert_eq!(
+        subscribe_props(&mut w, "$share/workers/agents/+/#", QoS::ExactlyOnce, &[]).await,
+        vec![1]
+    );
+    let mut p = s.v5("pub").await;
+    for i in 0..3 {
+        assert!(publish(&mut p, "agents/a/req", &format!("a{i}")).await < 0x80);
+        assert!(publish(&mut p, "agents/b/req", &format!("b{i}")).await < 0x80);
+    }
+    let mut seen: HashMap<String, Vec<u64>> = HashMap::new();
+    for _ in 0..6 {
+        let m = w.recv_publish_ack().await;
+        assert_eq!(m.qos, QoS::AtLeastOnce);
+        let lane = lane_of(&m);
+        assert_eq!(m.topic, format!("agents/{lane}/req"));
+        let off = offset_of(&m);
+        assert_eq!(body(&m), format!("{lane}{off}"));
+        seen.entry(lane).or_default().push(off);
+    }
+    assert_eq!(seen["a"], vec![0, 1, 2]);
+    assert_eq!(seen["b"], vec![0, 1, 2]);
+    w.expect_nothing(QUIET_MS).await;
+    // Ordinary subscribers are untouched: a plain subscription still sees live messages.
+    let mut plain = s.v5("plain").await;
+    plain.subscribe("agents/+/req", QoS::AtLeastOnce).await;
+    publish(&mut p, "agents/c/req", "c0").await;
+    let m = plain.recv_publish_ack().await;
+    assert_eq!(body(&m), "c0");
+    assert_eq!(user_prop(&m, "lane"), None);
+    let m = w.recv_publish_ack().await;
+    assert_eq!((lane_of(&m), offset_of(&m)), ("c".into(), 0));
+}
+
+#[tokio::test]
+async fn one_batch_in_flight_per_lane_and_commit_survives_member_change() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.batch = 1;
+    let s = server(vec![def]).await;
+    let mut p = s.v5("pub").await;
+    for i in 0..3 {
+        publish(&mut p, "agents/a/x", &format!("m{i}")).await;
+    }
+    let mut w = s.v5("w1").await;
+    join(&mut w, "$share/g/agents/+/#").await;
+    let m0 = w.recv_publish().await;
+    assert_eq!(offset_of(&m0), 0);
+    // The next message of the lane waits for the acknowledgement.
+    w.expect_nothing(QUIET_MS).await;
+    puback(&mut w, m0.packet_id, 0, &[]).await;
+    let m1 = w.recv_publish().await;
+    assert_eq!(offset_of(&m1), 1);
+    puback(&mut w, m1.packet_id, 0, &[]).await;
+    let m2 = w.recv_publish().await;
+    assert_eq!(offset_of(&m2), 2);
+    // m2 is not acknowledged: a new member of the group gets exactly m2 (commit kept).
+    w.disconnect().await;
+    let mut w2 = s.v5("w2").await;
+    join(&mut w2, "$share/g/agents/+/#").await;
+    let again = w2.recv_publish_ack().await;
+    assert_eq!(offset_of(&again), 2);
+    assert!(!again.dup, "handed over as a new PUBLISH");
+    w2.expect_nothing(QUIET_MS).await;
+}
+
+#[tokio::test]
+async fn holder_loss_hands_the_batch_to_another_member() {
+    let s = agents().await;
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/k/x", "m0").await;
+    publish(&mut p, "agents/k/x", "m1").await;
+    // Both in one batch (they are stored before the group exists).
+    let mut a = s.v5("wa").await;
+    join(&mut a, "$share/g/agents/+/#").await;
+    let first = a.recv_publish().await;
+    assert_eq!(offset_of(&first), 0);
+    let _second = a.recv_publish().await;
+    let mut b = s.v5("wb").await;
+    join(&mut b, "$share/g/agents/+/#").await;
+    // The holder is connected: never a resend on a timer, the lane stays with it.
+    b.expect_nothing(QUIET_MS).await;
+    // Its connection goes away without acknowledging: b gets both, in order, as new PUBLISHes.
+    drop(a);
+    let x = b.recv_publish_ack().await;
+    let y = b.recv_publish_ack().await;
+    assert_eq!((offset_of(&x), offset_of(&y)), (0, 1));
+    assert!(!x.dup && !y.dup);
+    b.expect_nothing(QUIET_MS).await;
+}
+
+#[tokio::test]
+async fn unacknowledged_lane_messages_are_resent_with_dup_on_session_resume() {
+    let s = agents().await;
+    let mut a = RawClient::connect_ok(s.addr, persistent("wa", true)).await;
+    join(&mut a, "$share/g/agents/+/#").await;
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/k/x", "m0").await;
+    let m = a.recv_publish().await;
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut a = RawClient::connect_ok(s.addr, persistent("wa", false)).await;
+    let again = a.recv_publish().await;
+    assert!(again.dup, "resent with DUP=1 on resume");
+    assert_eq!(again.packet_id, m.packet_id);
+    assert_eq!(offset_of(&again), 0);
+    puback(&mut a, again.packet_id, 0, &[]).await;
+    publish(&mut p, "agents/k/x", "m1").await;
+    let next = a.recv_publish_ack().await;
+    assert_eq!(offset_of(&next), 1);
+}
+
+#[tokio::test]
+async fn suspend_pauses_only_that_lane_and_redelivers_as_a_new_publish() {
+    let s = agents().await;
+    let mut w = s.v5("w").await;
+    join(&mut w, "$share/g/agents/+/#").await;
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/slow/x", "s0").await;
+    let m = w.recv_publish().await;
+    assert_eq!(lane_of(&m), "slow");
+    let t0 = Instant::now();
+    puback(&mut w, m.packet_id, 0, &[("lane-suspend-ms", "600")]).await;
+    // Another lane flows meanwhile.
+    publish(&mut p, "agents/fast/x", "f0").await;
+    let f = w.recv_publish_ack().await;
+    assert_eq!(lane_of(&f), "fast");
+    assert!(t0.elapsed() < Duration::from_millis(500));
+    let again = w.recv_publish().await;
+    assert!(
+        t0.elapsed() >= Duration::from_millis(590),
+        "came back after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!((lane_of(&again), offset_of(&again)), ("slow".into(), 0));
+    assert!(
+        !again.dup,
+        "a suspended message comes again as a new PUBLISH"
+    );
+    puback(&mut w, again.packet_id, 0, &[]).await;
+    w.expect_nothing(QUIET_MS).await;
+}
+
+#[tokio::test]
+async fn retries_past_max_attempts_and_rejects_go_to_the_dead_letter_topic() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.max_attempts = 2;
+    let s = server(vec![def]).await;
+    let mut dlq = s.v5("dlq").await;
+    dlq.subscribe("$dlq/#", QoS::AtLeastOnce).await;
+    let mut w = s.v5("w").await;
+    join(&mut w, "$share/g/agents/+/#").await;
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/r/x", "retry-me").await;
+    let m = w.recv_publish().await;
+    puback(&mut w, m.packet_id, 0, &[("lane-retry-ms", "50")]).await;
+    let m = w.recv_publish().await;
+    assert_eq!(body(&m), "retry-me");
+    puback(&mut w, m.packet_id, 0, &[("lane-retry-ms", "50")]).await;
+    // Second attempt counted: max_attempts reached, dead-lettered and committed.
+    let d = dlq.recv_publish_ack().await;
+    assert_eq!(d.topic, "$dlq/g/agents/r/x");
+    assert_eq!(body(&d), "retry-me");
+    assert_eq!(user_prop(&d, "original-topic"), Some("agents/r/x"));
+    assert_eq!(user_prop(&d, "lane"), Some("r"));
+    assert_eq!(user_prop(&d, "lane-offset"), Some("0"));
+    assert_eq!(user_prop(&d, "attempts"), Some("2"));
+    assert_eq!(user_prop(&d, "reason"), Some("max_attempts"));
+    w.expect_nothing(QUIET_MS).await;
+    // A reject (>= 0x80) dead-letters at once and commits: not sent to another member.
+    publish(&mut p, "agents/r/x", "reject-me").await;
+    let m = w.recv_publish().await;
+    assert_eq!(offset_of(&m), 1);
+    puback(&mut w, m.packet_id, 0x80, &[]).await;
+    let d = dlq.recv_publish_ack().await;
+    assert_eq!(body(&d), "reject-me");
+    assert_eq!(user_prop(&d, "reason"), Some("0x80"));
+    assert_eq!(user_prop(&d, "lane-offset"), Some("1"));
+    w.disconnect().await;
+    let mut w2 = s.v5("w2").await;
+    join(&mut w2, "$share/g/agents/+/#").await;
+    w2.expect_nothing(QUIET_MS).await;
+    let c = &s.server().broker().lite.engine.counters;
+    assert_eq!(
+        c.dead_lettered.load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+}
+
+#[tokio::test]
+async fn exclusive_lane_moves_to_its_newest_explicit_subscriber() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.mode = Mode::Exclusive;
+    let s = server(vec![def]).await;
+    let mut a = s.v5("a").await;
+    join(&mut a, "$share/g/agents/+/#").await;
+    let mut b = s.v5("b").await;
+    join(&mut b, "$share/g/agents/+/#").await;
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/k/x", "m0").await;
+    // Whoever got the lane keeps it.
+    let (mut owner, mut other) = tokio::select! {
+        m = a.recv_publish() => { puback(&mut a, m.packet_id, 0, &[]).await; (a, b) }
+        m = b.recv_publish() => { puback(&mut b, m.packet_id, 0, &[]).await; (b, a) }
+    };
+    for i in 1..4 {
+        publish(&mut p, "agents/k/x", &format!("m{i}")).await;
+        let m = owner.recv_publish_ack().await;
+        assert_eq!(offset_of(&m), i);
+    }
+    other.expect_nothing(QUIET_MS).await;
+    // A member subscribing to that exact lane takes it over; the old owner gets no more.
+    let mut c = s.v5("c").await;
+    join(&mut c, "$share/g/agents/k/#").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 4..7 {
+        publish(&mut p, "agents/k/x", &format!("m{i}")).await;
+        let m = c.recv_publish_ack().await;
+        assert_eq!(offset_of(&m), i);
+    }
+    owner.expect_nothing(QUIET_MS).await;
+    other.expect_nothing(50).await;
+}
+
+#[tokio::test]
+async fn long_keys_and_lane_quota_are_refused() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.max_key_bytes = 4;
+    def.max_lanes = 2;
+    let s = server(vec![def]).await;
+    let mut p = s.v5("pub").await;
+    assert_eq!(publish(&mut p, "agents/toolong/x", "m").await, 0x90);
+    assert!(publish(&mut p, "agents/k1/x", "m").await < 0x80);
+    assert!(publish(&mut p, "agents/k2/x", "m").await < 0x80);
+    assert_eq!(publish(&mut p, "agents/k3/x", "m").await, 0x97);
+    // Existing lanes still accept.
+    assert!(publish(&mut p, "agents/k1/x", "m").await < 0x80);
+    // QoS 0 is dropped and counted.
+    p.publish_qos0("agents/k4/x", b"m").await;
+    let e = s.server().broker().lite.engine.clone();
+    assert!(
+        eventually(2_000, || e
+            .counters
+            .publish_refused
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 3)
+        .await
+    );
+    assert_eq!(e.lane_count(), 2);
+}
+
+#[tokio::test]
+async fn a_lane_expires_after_its_ttl_and_starts_again_at_offset_zero() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.ttl_s = 1;
+    let s = server(vec![def]).await;
+    let e = s.server().broker().lite.engine.clone();
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/t/x", "m0").await;
+    publish(&mut p, "agents/t/x", "m1").await;
+    assert!(eventually(1_000, || e.lane_count() == 1).await);
+    assert!(
+        eventually(4_000, || e.lane_count() == 0).await,
+        "the lane did not expire"
+    );
+    let mut w = s.v5("w").await;
+    join(&mut w, "$share/g/agents/+/#").await;
+    w.expect_nothing(QUIET_MS).await;
+    publish(&mut p, "agents/t/x", "m2").await;
+    let m = w.recv_publish_ack().await;
+    assert_eq!((body(&m), offset_of(&m)), ("m2".into(), 0));
+    assert!(
+        e.counters
+            .lanes_expired
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+}
+
+#[tokio::test]
+async fn lane_offset_latest_and_number_for_new_groups() {
+    let s = agents().await;
+    let mut p = s.v5("pub").await;
+    for i in 0..4 {
+        publish(&mut p, "agents/k/x", &format!("m{i}")).await;
+    }
+    let mut late = s.v5("late").await;
+    assert_eq!(
+        subscribe_props(
+            &mut late,
+            "$share/late/agents/+/#",
+            QoS::AtLeastOnce,
+            &[("lane-offset", "latest")]
+        )
+        .await,
+        vec![1]
+    );
+    let mut from2 = s.v5("from2").await;
+    assert_eq!(
+        subscribe_props(
+            &mut from2,
+            "$share/from2/agents/+/#",
+            QoS::AtLeastOnce,
+            &[("lane-offset", "2")]
+        )
+        .await,
+        vec![1]
+    );
+    for want in [2, 3] {
+        let m = from2.recv_publish_ack().await;
+        assert_eq!(offset_of(&m), want);
+    }
+    late.expect_nothing(QUIET_MS).await;
+    publish(&mut p, "agents/k/x", "m4").await;
+    assert_eq!(offset_of(&late.recv_publish_ack().await), 4);
+    assert_eq!(offset_of(&from2.recv_publish_ack().await), 4);
+    // A bad value is refused with a reason.
+    let mut bad = s.v5("bad").await;
+    assert_eq!(
+        subscribe_props(
+            &mut bad,
+            "$share/bad/agents/+/#",
+            QoS::AtLeastOnce,
+            &[("lane-offset", "soon")]
+        )
+        .await,
+        vec![0x83]
+    );
+}
+
+#[tokio::test]
+async fn plain_one_lane_subscription_with_lane_offset_replays_then_goes_live() {
+    let s = agents().await;
+    let mut p = s.v5("pub").await;
+    for i in 0..4 {
+        publish(&mut p, "agents/s-42/x", &format!("m{i}")).await;
+        publish(&mut p, "agents/other/x", &format!("o{i}")).await;
+    }
+    let mut r = s.v5("reader").await;
+    assert_eq!(
+        subscribe_props(
+            &mut r,
+            "agents/s-42/#",
+            QoS::AtLeastOnce,
+            &[("lane-offset", "1")]
+        )
+        .await,
+        vec![1]
+    );
+    for want in 1..4 {
+        let m = r.recv_publish_ack().await;
+        assert_eq!((lane_of(&m), offset_of(&m)), ("s-42".into(), want));
+    }
+    publish(&mut p, "agents/s-42/x", "m4").await;
+    let m = r.recv_publish_ack().await;
+    assert_eq!(offset_of(&m), 4);
+    // Not duplicated by the router: exactly one copy.
+    r.expect_nothing(QUIET_MS).await;
+    // Without the property it is an ordinary subscription (live only, no lane properties).
+    let mut o = s.v5("ordinary").await;
+    o.subscribe("agents/s-42/#", QoS::AtLeastOnce).await;
+    o.expect_nothing(QUIET_MS).await;
+    publish(&mut p, "agents/s-42/x", "m5").await;
+    let m = o.recv_publish_ack().await;
+    assert_eq!(user_prop(&m, "lane"), None);
+}

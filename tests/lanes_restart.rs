@@ -1,0 +1,184 @@
+//! Lanes across restarts of the real `lanemq` binary (docs/lanes.md): group offsets and lanes
+//! survive a graceful restart and a kill -9; nothing acknowledged to a publisher is lost and
+//! nothing committed by a consumer is delivered again.
+//!
+//! ```sh
+//! cargo build --release -p lanemq
+//! cargo test -p lanemq-tests --test lanes_restart
+//! ```
+//!
+//! The binary: `LANEMQ_BIN`, else the newest of target/{release,debug}/lanemq and
+//! `$CARGO_TARGET_DIR`/{release,debug}/lanemq. `KEEP_TMP=1` keeps data dirs and broker logs.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+#[allow(dead_code)] // shared with tests/kill9.rs and tests/durability_restart.rs
+#[path = "common/child.rs"]
+mod child;
+
+use child::Broker;
+use common::{connect_v5, sub_opts, user_prop, RawClient, RecvError};
+use lanemq_protocol::{
+    Connect, Packet, PubResp, Publish, QoS, Subscribe, SubscribeFilter, SubscribeProperties,
+};
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+const LITE: &str = "[lite]\nflush_interval_ms = 20\n\n[[lite.parents]]\nname = \"agents\"\n\
+                    pattern = \"agents/{lane}/#\"\n\n";
+const FSYNC_ALWAYS: &str = "[storage]\nfsync = \"always\"\n\n";
+
+fn persistent(id: &str, clean_start: bool) -> Connect {
+    let mut c = connect_v5(id);
+    c.clean_start = clean_start;
+    c.properties.session_expiry_interval = Some(3600);
+    c
+}
+
+fn offset_of(p: &Publish) -> u64 {
+    user_prop(p, "lane-offset").unwrap().parse().unwrap()
+}
+
+fn lane_of(p: &Publish) -> String {
+    user_prop(p, "lane").unwrap().to_string()
+}
+
+async fn join(c: &mut RawClient, filter: &str) {
+    let pid = c.next_pid();
+    c.send(Packet::Subscribe(Subscribe {
+        packet_id: pid,
+        filters: vec![SubscribeFilter {
+            filter: filter.into(),
+            options: sub_opts(QoS::AtLeastOnce),
+        }],
+        properties: SubscribeProperties::default(),
+    }))
+    .await;
+    match c.recv().await {
+        Packet::SubAck(a) => assert_eq!(a.reason_codes, vec![1]),
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+}
+
+/// Everything that arrives until `quiet_ms` pass without a packet; acknowledged when `ack`.
+async fn drain(c: &mut RawClient, quiet_ms: u64, ack: bool) -> Vec<Publish> {
+    let mut out = Vec::new();
+    loop {
+        match c.try_recv(Duration::from_millis(quiet_ms)).await {
+            Ok(Packet::Publish(p)) => {
+                if ack {
+                    c.send(Packet::PubAck(PubResp::new(p.packet_id, 0))).await;
+                }
+                out.push(p);
+            }
+            Ok(_) => {}
+            Err(RecvError::Timeout) | Err(RecvError::Closed) => return out,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
+async fn publish_lanes(b: &Broker, lanes: usize, per_lane: usize, tag: &str) -> usize {
+    let mut p = RawClient::connect_ok(b.addr, connect_v5(&format!("pub-{tag}"))).await;
+    let mut acked = 0;
+    for i in 0..per_lane {
+        for l in 0..lanes {
+            let code = p
+                .publish_qos1(&format!("agents/l{l}/x"), format!("{tag}{i}").as_bytes())
+                .await;
+            assert!(code < 0x80, "PUBACK 0x{code:02X}");
+            acked += 1;
+        }
+    }
+    p.disconnect().await;
+    acked
+}
+
+#[tokio::test]
+async fn group_offsets_and_lanes_survive_a_graceful_restart() {
+    let mut b = Broker::start("lanes-restart", LITE).await;
+    publish_lanes(&b, 1, 5, "m").await;
+    let mut w = RawClient::connect_ok(b.addr, persistent("w", true)).await;
+    join(&mut w, "$share/g/agents/+/#").await;
+    for want in 0..5 {
+        let m = w.recv_publish().await;
+        assert_eq!(offset_of(&m), want);
+        if want < 2 {
+            w.send(Packet::PubAck(PubResp::new(m.packet_id, 0))).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(w);
+    let status = b.terminate().await;
+    assert!(status.success(), "{status:?}");
+    b.restart().await;
+    let mut w = RawClient::connect_ok(b.addr, persistent("w", false)).await;
+    let got = drain(&mut w, 1_000, true).await;
+    let offsets: Vec<u64> = got.iter().map(offset_of).collect();
+    assert_eq!(
+        offsets,
+        vec![2, 3, 4],
+        "committed 0 and 1 must not come again"
+    );
+    // The lane continues its offsets after the restart.
+    publish_lanes(&b, 1, 1, "n").await;
+    let m = w.recv_publish().await;
+    assert_eq!(offset_of(&m), 5);
+}
+
+#[tokio::test]
+async fn kill9_keeps_lanes_and_commits_and_loses_nothing_acknowledged() {
+    const LANES: usize = 10;
+    let mut b = Broker::start("lanes-kill9", &format!("{FSYNC_ALWAYS}{LITE}")).await;
+    let mut acked_pub = publish_lanes(&b, LANES, 10, "a").await;
+    // Joining after the publishes: each lane's 10 messages come as one batch.
+    let mut w = RawClient::connect_ok(b.addr, persistent("w", true)).await;
+    join(&mut w, "$share/g/agents/+/#").await;
+    // The consumer acknowledges the first 60 deliveries, then holds the rest unanswered.
+    let mut got = Vec::new();
+    while got.len() < 100 {
+        match w.try_recv(Duration::from_secs(5)).await {
+            Ok(Packet::Publish(p)) => got.push(p),
+            other => panic!("expected 100 deliveries, got {} then {other:?}", got.len()),
+        }
+    }
+    let mut committed: HashSet<(String, u64)> = HashSet::new();
+    for p in &got[..60] {
+        w.send(Packet::PubAck(PubResp::new(p.packet_id, 0))).await;
+        committed.insert((lane_of(p), offset_of(p)));
+    }
+    // Commits are made durable within flush_interval_ms (20 ms).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    acked_pub += publish_lanes(&b, LANES, 5, "b").await;
+    b.kill9();
+    drop(w);
+    b.restart().await;
+    let mut w = RawClient::connect_ok(b.addr, persistent("w", false)).await;
+    let after = drain(&mut w, 1_500, true).await;
+    let mut per_lane: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for p in &after {
+        let key = (lane_of(p), offset_of(p));
+        assert!(
+            !committed.contains(&key),
+            "committed message {key:?} delivered again after kill -9"
+        );
+        per_lane.entry(key.0).or_default().push(key.1);
+    }
+    // Every message acknowledged to the publisher and not committed arrives, in lane order.
+    assert_eq!(acked_pub, 150);
+    for l in 0..LANES {
+        let lane = format!("l{l}");
+        let done = committed.iter().filter(|(k, _)| *k == lane).count() as u64;
+        let want: Vec<u64> = (done..15).collect();
+        assert_eq!(
+            per_lane.get(&lane).cloned().unwrap_or_default(),
+            want,
+            "lane {lane}"
+        );
+    }
+    // Lanes survived: offsets continue.
+    publish_lanes(&b, 1, 1, "c").await;
+    let m = w.recv_publish().await;
+    assert_eq!((lane_of(&m), offset_of(&m)), ("l0".into(), 15));
+}
