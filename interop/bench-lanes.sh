@@ -98,6 +98,7 @@ config() { # [nolite]
 }
 start() { # $1 name (data dir and log) [nolite]: sets PORT and PID (also PORT_<name>, PID_<name>)
   config "${2:-}"
+  sync # the write-back of an earlier section must not land in this one
   PORT=$(free_port)
   "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$TMP/d-$1" --config "$TMP/cfg.toml" \
     >>"$TMP/broker-$1.log" 2>&1 &
