@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 
 pub mod conn;
 mod idle;
+pub mod lanes;
 pub mod load;
 pub mod mqtt;
 mod replay;
@@ -30,6 +31,7 @@ use load::{PubCfg, Shared};
 use mqtt::{PublishTemplate, Version};
 
 pub use idle::IdleReport;
+pub use lanes::LanesReport;
 pub use replay::ReplayReport;
 
 /// How publishers and subscribers are wired to topics.
@@ -122,6 +124,8 @@ pub struct BenchOpts {
     /// `stream-offset` of the replay: earliest, latest, a Unix time in µs, or @<position>.
     #[arg(long, default_value = "earliest")]
     pub stream_offset: String,
+    #[command(flatten)]
+    pub lanes: lanes::LanesOpts,
 }
 
 #[derive(clap::Parser)]
@@ -242,6 +246,7 @@ pub struct BenchReport {
     pub broker_rss_max_kb: Option<u64>,
     pub idle: Option<IdleReport>,
     pub replay: Option<ReplayReport>,
+    pub lanes: Option<LanesReport>,
     pub timed_out: bool,
     pub errors: Vec<String>,
 }
@@ -270,6 +275,7 @@ impl BenchReport {
             broker_rss_max_kb: None,
             idle: None,
             replay: None,
+            lanes: None,
             timed_out: false,
             errors: Vec::new(),
         }
@@ -300,7 +306,9 @@ fn human(n: f64) -> String {
 impl fmt::Display for BenchReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let o = &self.opts;
-        if let Some(r) = &self.replay {
+        if let Some(l) = &self.lanes {
+            write!(f, "{l}")?;
+        } else if let Some(r) = &self.replay {
             let kb = |v: Option<u64>| v.map_or("n/a".to_string(), |v| format!("{v} KiB"));
             writeln!(
                 f,
@@ -393,7 +401,9 @@ impl fmt::Display for BenchReport {
 /// the hard timeout; the function returns even when the broker stalls.
 pub async fn run(opts: BenchOpts) -> anyhow::Result<BenchReport> {
     opts.validate()?;
-    let report = if let Some(s) = &opts.stream_replay {
+    let report = if let Some(phase) = opts.lanes.phase {
+        lanes::run(&opts, phase).await?
+    } else if let Some(s) = &opts.stream_replay {
         replay::run(&opts, s).await?
     } else if opts.idle_connections > 0 {
         idle::run(&opts).await?

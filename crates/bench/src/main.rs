@@ -39,7 +39,10 @@ fn main() {
         print!("{report}");
     }
     // 2 = ran but the result is not usable (hard timeout, nothing published).
-    if report.timed_out || (report.mode == "throughput" && report.published == 0) {
+    if report.timed_out
+        || ((report.mode == "throughput" || report.mode.starts_with("lanes"))
+            && report.published == 0)
+    {
         std::process::exit(2);
     }
 }
