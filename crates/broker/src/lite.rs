@@ -35,6 +35,10 @@ use tracing::{debug, warn};
 const MEMBER_WINDOW_DEFAULT: usize = 1024;
 /// Ready lanes handled before events are looked at again.
 const DISPATCH_BUDGET: usize = 2048;
+/// Newest entries kept in memory per lane (the live path).
+const RECENT_PER_LANE: usize = 64;
+/// Lanes with entries kept in memory at most (beyond: cleared, reads go to sled).
+const RECENT_LANES_MAX: usize = 16_384;
 /// Shortest pause of `lane-suspend-ms` / `lane-retry-ms`.
 pub const SUSPEND_MIN_MS: u64 = 50;
 
@@ -203,6 +207,7 @@ impl Lite {
             next_epoch: 1,
             timers: BinaryHeap::new(),
             dirty: Vec::new(),
+            recent: HashMap::new(),
             unflushed: false,
         };
         let h = std::thread::Builder::new()
@@ -378,6 +383,9 @@ pub struct Dispatcher {
     next_epoch: u64,
     timers: BinaryHeap<Reverse<(Instant, u64, u64)>>,
     dirty: Vec<(u64, Arc<str>, u64)>,
+    /// The newest indexed entries of lanes that groups consume: the live path reads them here
+    /// instead of from sled.
+    recent: HashMap<u64, VecDeque<(u64, u64, u64)>>,
     unflushed: bool,
 }
 
@@ -914,6 +922,19 @@ impl Dispatcher {
         if entries.is_empty() || self.groups.is_empty() {
             return;
         }
+        if self.recent.len() > RECENT_LANES_MAX {
+            self.recent.clear();
+        }
+        for p in &entries {
+            let q = self.recent.entry(p.lane).or_default();
+            if q.back().is_some_and(|b| b.0 + 1 != p.seq) {
+                q.clear();
+            }
+            q.push_back((p.seq, p.pos, p.ts_us));
+            if q.len() > RECENT_PER_LANE {
+                q.pop_front();
+            }
+        }
         let mut lanes: Vec<u64> = entries.iter().map(|p| p.lane).collect();
         lanes.sort_unstable();
         lanes.dedup();
@@ -1035,12 +1056,15 @@ impl Dispatcher {
         };
         let epoch = self.next_epoch;
         self.next_epoch += 1;
-        let entries = match self.engine.read_lane(lane, from, want * 2 + 8) {
-            Ok(e) => e,
-            Err(e) => {
-                warn!(error = %e, lane, "cannot read a lane");
-                return;
-            }
+        let entries = match recent_entries(&self.recent, lane, from, want * 2 + 8) {
+            Some(e) => e,
+            None => match self.engine.read_lane(lane, from, want * 2 + 8) {
+                Ok(e) => e,
+                Err(e) => {
+                    warn!(error = %e, lane, "cannot read a lane");
+                    return;
+                }
+            },
         };
         let run = g.runs.entry(lane).or_default();
         let mut out = Vec::new();
@@ -1158,6 +1182,7 @@ impl Dispatcher {
             }
         }
         self.dirty.retain(|(l, _, _)| *l != lane);
+        self.recent.remove(&lane);
     }
 
     fn sweep(&mut self) {
@@ -1275,6 +1300,22 @@ impl Dispatcher {
                 .map(|b| b.holder.to_string()),
         }
     }
+}
+
+/// Entries of `lane` from `from` out of the in-memory tail, if it covers `from`.
+fn recent_entries(
+    recent: &HashMap<u64, VecDeque<(u64, u64, u64)>>,
+    lane: u64,
+    from: u64,
+    max: usize,
+) -> Option<Vec<(u64, u64, u64)>> {
+    let q = recent.get(&lane)?;
+    let first = q.front()?.0;
+    if from < first {
+        return None;
+    }
+    let skip = usize::try_from(from - first).ok()?;
+    Some(q.iter().skip(skip).take(max).copied().collect())
 }
 
 fn push_ready(g: &mut Group, lane: u64) {
