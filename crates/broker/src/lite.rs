@@ -38,7 +38,7 @@ const DISPATCH_BUDGET: usize = 2048;
 /// Newest entries kept in memory per lane (the live path).
 const RECENT_PER_LANE: usize = 64;
 /// Lanes with entries kept in memory at most (beyond: cleared, reads go to sled).
-const RECENT_LANES_MAX: usize = 16_384;
+const RECENT_LANES_MAX: usize = 262_144;
 /// Shortest pause of `lane-suspend-ms` / `lane-retry-ms`.
 pub const SUSPEND_MIN_MS: u64 = 50;
 
