@@ -95,4 +95,5 @@ pub -t tiny/one -m x >/dev/null 2>&1
 out=$(pub -d -t tiny/two -m x 2>&1)
 if echo "$out" | grep -qi 'quota\|0x97\|151'; then pass "quota: PUBACK 0x97 to mosquitto_pub"; else fail "quota: PUBACK 0x97 to mosquitto_pub" "$out"; fi
 
-summary
+summary lanes
+exit "$N_FAIL"
