@@ -631,16 +631,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Committed offsets of every group on `lane`.
-    pub fn commits_of(&self, lane: u64) -> Result<Vec<(String, u64)>, LiteError> {
-        let mut out = Vec::new();
-        for kv in self.tree.scan_prefix(lane_key(b'g', lane)) {
-            let (k, v) = kv?;
-            out.push((String::from_utf8_lossy(&k[9..]).into_owned(), be64(&v)));
-        }
-        Ok(out)
-    }
-
     /// The stored start policy of a group (None: the group is new).
     pub fn group_meta(&self, parent: u32, group: &str) -> Result<Option<Vec<u8>>, LiteError> {
         let mut k = vec![b'G'];
