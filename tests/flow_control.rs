@@ -185,3 +185,187 @@ async fn mqtt5_4_1_offline_queue_limit_drops_and_counts() {
     );
     c.expect_nothing(QUIET_MS).await;
 }
+
+// --- Slow consumers (docs/configuration.md#slow-consumers) -----------------------------------
+
+/// The index carried in the first four payload bytes by `publish_qos1_pipelined`.
+fn index_of(p: &lanemq_protocol::Publish) -> u32 {
+    u32::from_be_bytes(p.payload[..4].try_into().unwrap())
+}
+
+/// A healthy subscriber in its own task: receives (and acknowledges) until it has seen `n`
+/// distinct indexes; returns them in arrival order of their first delivery.
+fn healthy_reader(mut c: RawClient, n: usize) -> tokio::task::JoinHandle<Vec<u32>> {
+    tokio::spawn(async move {
+        let mut seen = std::collections::HashSet::new();
+        let mut order = Vec::with_capacity(n);
+        while seen.len() < n {
+            let p = c.recv_publish_ack().await;
+            let i = index_of(&p);
+            if seen.insert(i) {
+                order.push(i);
+            }
+        }
+        order
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_qos0_subscriber_does_not_hold_publishers_or_other_subscribers() {
+    const N: u32 = 40_000;
+    let mut cfg = config();
+    cfg.mqtt.outbound_buffer_bytes_max = 64 * 1024;
+    let srv = TestServer::start(cfg).await;
+    // Subscribes to everything, then never reads again (a SIGSTOPped client).
+    let mut stuck = RawClient::connect_small_rcvbuf(srv.addr, connect_v5("stuck")).await;
+    stuck.subscribe("#", QoS::AtMostOnce).await;
+    let mut healthy = srv.v5("healthy").await;
+    healthy.subscribe("iso/t", QoS::AtLeastOnce).await;
+    let reader = healthy_reader(healthy, N as usize);
+    let mut publ = srv.v5("pub").await;
+    let t0 = std::time::Instant::now();
+    let codes = publ.publish_qos1_pipelined("iso/t", N, 252, 256).await;
+    let took = t0.elapsed();
+    assert!(codes.iter().all(|&c| c == 0), "every PUBACK is 0x00");
+    let got = tokio::time::timeout(std::time::Duration::from_secs(60), reader)
+        .await
+        .expect("the healthy subscriber received everything")
+        .unwrap();
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "in order, nothing lost");
+    let budget = &srv.server().broker().queue_budget;
+    assert!(
+        budget.dropped_qos0.load(Ordering::Relaxed) > 0,
+        "the stuck subscriber reached its byte budget (10 MB sent to it)"
+    );
+    assert!(
+        budget.used() <= 64 * 1024 + 4096,
+        "queued bytes held in memory stay within the stuck session's budget: {}",
+        budget.used()
+    );
+    // A publisher waiting for the stuck subscriber (1 s per 1,000 messages before this was
+    // fixed) would take 40 s; 15 s leaves room for a loaded machine.
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "publishing {N} messages took {took:?}"
+    );
+    srv.assert_alive().await;
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_persistent_qos1_subscriber_keeps_its_queue_in_the_log_and_loses_nothing() {
+    const N: u32 = 3_000;
+    let mut cfg = config();
+    cfg.mqtt.outbound_buffer_bytes_max = 16 * 1024;
+    cfg.mqtt.queued_bytes_max_total = 64 * 1024;
+    cfg.mqtt.max_inflight_messages = 16;
+    let srv = TestServer::start(cfg).await;
+    let mut conn = connect_v5("stuck-p");
+    conn.properties.session_expiry_interval = Some(600);
+    let mut stuck = RawClient::connect_small_rcvbuf(srv.addr, conn.clone()).await;
+    stuck.subscribe("iso/#", QoS::AtLeastOnce).await;
+    let mut healthy = srv.v5("healthy").await;
+    healthy.subscribe("iso/t", QoS::AtLeastOnce).await;
+    let reader = healthy_reader(healthy, N as usize);
+    let mut publ = srv.v5("pub").await;
+    let codes = publ.publish_qos1_pipelined("iso/t", N, 1020, 128).await;
+    assert!(codes.iter().all(|&c| c == 0), "every PUBACK is 0x00");
+    let got = tokio::time::timeout(std::time::Duration::from_secs(60), reader)
+        .await
+        .expect("the healthy subscriber received everything")
+        .unwrap();
+    assert_eq!(got, (0..N).collect::<Vec<_>>());
+    let budget = &srv.server().broker().queue_budget;
+    assert!(
+        budget.spilled.load(Ordering::Relaxed) > 0,
+        "beyond its byte budget the stuck session's queue holds log positions"
+    );
+    assert!(
+        budget.used() <= 64 * 1024 + 2048,
+        "bytes in memory within queued_bytes_max_total: {}",
+        budget.used()
+    );
+    assert_eq!(budget.dropped_queue_full.load(Ordering::Relaxed), 0);
+    // The stuck client comes back: its session resumes and every message arrives, in order.
+    drop(stuck);
+    conn.clean_start = false;
+    let (c, ack) = RawClient::connect_ack(srv.addr, conn).await;
+    assert!(ack.session_present);
+    let got = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        healthy_reader(c, N as usize),
+    )
+    .await
+    .expect("the resumed session received every message")
+    .unwrap();
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "in order, nothing lost");
+}
+
+#[tokio::test]
+async fn queue_overflow_drop_oldest_keeps_the_newest() {
+    let mut cfg = config();
+    cfg.mqtt.max_queued_messages = 3;
+    cfg.mqtt.queue_overflow = lanemq_broker::config::QueueOverflow::DropOldest;
+    let srv = TestServer::start(cfg).await;
+    let mut conn = connect_v5("q");
+    conn.properties.session_expiry_interval = Some(60);
+    let mut c = RawClient::connect_ok(srv.addr, conn.clone()).await;
+    c.subscribe("q/t", QoS::AtLeastOnce).await;
+    c.disconnect().await;
+    let mut publ = srv.v5("pub").await;
+    for i in 0..5u8 {
+        publ.publish_qos1("q/t", &[i]).await;
+    }
+    let budget = &srv.server().broker().queue_budget;
+    assert_eq!(budget.dropped_queue_full.load(Ordering::Relaxed), 2);
+    conn.clean_start = false;
+    let mut c = RawClient::connect_ok(srv.addr, conn).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(c.recv_publish_ack().await.payload[0]);
+    }
+    assert_eq!(got, vec![2, 3, 4], "the two oldest were dropped");
+    c.expect_nothing(QUIET_MS).await;
+}
+
+#[tokio::test]
+async fn queue_overflow_disconnects_a_connected_slow_consumer_with_0x97() {
+    let mut cfg = config();
+    cfg.mqtt.max_queued_messages = 5;
+    cfg.mqtt.max_inflight_messages = 1;
+    let srv = TestServer::start(cfg).await;
+    let mut c = srv.v5("slow").await;
+    c.subscribe("q/t", QoS::AtLeastOnce).await;
+    let mut publ = srv.v5("pub").await;
+    // One in flight, five queued, the seventh overflows: the publisher is still acknowledged.
+    for i in 0..7u8 {
+        assert_eq!(publ.publish_qos1("q/t", &[i]).await, 0);
+    }
+    let first = c.recv_publish().await;
+    assert_eq!(first.payload[0], 0);
+    c.expect_disconnect(rc::QUOTA_EXCEEDED).await;
+    let budget = &srv.server().broker().queue_budget;
+    assert_eq!(
+        budget.slow_consumers_disconnected.load(Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn publish_rate_limit_paces_one_connection() {
+    let mut cfg = config();
+    cfg.mqtt.max_publish_rate_per_s = 200;
+    let srv = TestServer::start(cfg).await;
+    let mut publ = srv.v5("fast").await;
+    let t0 = std::time::Instant::now();
+    // A full bucket (200) plus 200 more: the second half waits about a second.
+    let codes = publ.publish_qos1_pipelined("r/t", 400, 0, 400).await;
+    assert!(codes
+        .iter()
+        .all(|&c| c == 0 || c == rc::NO_MATCHING_SUBSCRIBERS));
+    let took = t0.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(700),
+        "400 publishes at 200/s took only {took:?}"
+    );
+}

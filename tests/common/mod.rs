@@ -189,6 +189,65 @@ impl RawClient {
         }
     }
 
+    /// Connect (CONNACK 0x00 required) over a socket whose receive buffer is as small as the
+    /// kernel allows: a client that stops reading then stops the broker's writes at once.
+    pub async fn connect_small_rcvbuf(addr: SocketAddr, c: Connect) -> RawClient {
+        let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+        sock.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let stream = sock.connect(addr).await.expect("tcp connect");
+        stream.set_nodelay(true).unwrap();
+        let mut client = RawClient {
+            stream,
+            version: c.protocol,
+            rbuf: BytesMut::with_capacity(4096),
+            next_pid: 1,
+        };
+        client.send(Packet::Connect(Box::new(c))).await;
+        match client.recv().await {
+            Packet::ConnAck(ack) => assert_eq!(ack.reason_code, 0, "CONNACK refused: {ack:?}"),
+            other => panic!("expected CONNACK, got {other:?}"),
+        }
+        client
+    }
+
+    /// Publish `n` QoS 1 messages to `topic` (payload: the index as 4 big-endian bytes, then
+    /// `pad` zero bytes) with at most `window` unacknowledged; returns every PUBACK code.
+    pub async fn publish_qos1_pipelined(
+        &mut self,
+        topic: &str,
+        n: u32,
+        pad: usize,
+        window: usize,
+    ) -> Vec<u8> {
+        let mut codes = Vec::with_capacity(n as usize);
+        let mut outstanding = 0usize;
+        let mut next = 0u32;
+        while codes.len() < n as usize {
+            while next < n && outstanding < window {
+                let mut payload = next.to_be_bytes().to_vec();
+                payload.resize(4 + pad, 0);
+                let pid = self.next_pid();
+                self.send(Packet::Publish(publish(
+                    topic,
+                    QoS::AtLeastOnce,
+                    pid,
+                    &payload,
+                )))
+                .await;
+                next += 1;
+                outstanding += 1;
+            }
+            match self.recv().await {
+                Packet::PubAck(a) => {
+                    codes.push(a.reason_code);
+                    outstanding -= 1;
+                }
+                other => panic!("expected PUBACK, got {other:?}"),
+            }
+        }
+        codes
+    }
+
     /// Send CONNECT and return the client and whatever the server answered first.
     pub async fn connect(addr: SocketAddr, c: Connect) -> (RawClient, Result<Packet, RecvError>) {
         let mut client = RawClient::tcp(addr, c.protocol).await;

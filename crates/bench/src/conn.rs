@@ -31,9 +31,21 @@ impl Conn {
         keepalive: u16,
         read_chunk: usize,
     ) -> anyhow::Result<Conn> {
+        Self::open_with_expiry(addr, version, client_id, keepalive, read_chunk, 0).await
+    }
+
+    /// [`Conn::open`] with a Session Expiry Interval (> 0: a persistent session).
+    pub async fn open_with_expiry(
+        addr: &str,
+        version: Version,
+        client_id: &str,
+        keepalive: u16,
+        read_chunk: usize,
+        expiry_s: u32,
+    ) -> anyhow::Result<Conn> {
         tokio::time::timeout(
             HANDSHAKE_TIMEOUT,
-            Self::open_inner(addr, version, client_id, keepalive, read_chunk),
+            Self::open_inner(addr, version, client_id, keepalive, read_chunk, expiry_s),
         )
         .await
         .with_context(|| format!("{client_id}: connect timed out"))?
@@ -45,6 +57,7 @@ impl Conn {
         client_id: &str,
         keepalive: u16,
         read_chunk: usize,
+        expiry_s: u32,
     ) -> anyhow::Result<Conn> {
         let stream = TcpStream::connect(addr)
             .await
@@ -60,7 +73,7 @@ impl Conn {
             read_chunk,
         };
         let mut out = BytesMut::new();
-        mqtt::connect(&mut out, version, client_id, keepalive);
+        mqtt::connect_with_expiry(&mut out, version, client_id, keepalive, expiry_s);
         c.wr.write_all(&out).await?;
         match c.next_frame().await? {
             Frame::ConnAck {

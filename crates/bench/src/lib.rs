@@ -124,6 +124,25 @@ pub struct BenchOpts {
     /// `stream-offset` of the replay: earliest, latest, a Unix time in µs, or @<position>.
     #[arg(long, default_value = "earliest")]
     pub stream_offset: String,
+    /// Session Expiry Interval of the (reading) subscribers in seconds: > 0 makes their
+    /// sessions persistent (MQTT 5; with 3.1.1 clean session 0).
+    #[arg(long, default_value_t = 0)]
+    pub session_expiry: u32,
+    /// Stuck subscribers: clients that subscribe to --stuck-filter and then never read
+    /// their socket again (like a SIGSTOPped `mosquitto_sub`), held open for the whole run.
+    /// A broker must not let them slow the publishers or the other subscribers.
+    #[arg(long, default_value_t = 0)]
+    pub stuck_subscribers: usize,
+    /// Topic filter of the stuck subscribers.
+    #[arg(long, default_value = "#")]
+    pub stuck_filter: String,
+    /// QoS of the stuck subscribers' subscription.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub stuck_qos: u8,
+    /// Session Expiry Interval of the stuck subscribers in seconds (MQTT 5; with 3.1.1 any
+    /// value > 0 means clean session 0): > 0 makes their sessions persistent.
+    #[arg(long, default_value_t = 0)]
+    pub stuck_session_expiry: u32,
     #[command(flatten)]
     pub lanes: lanes::LanesOpts,
 }
@@ -437,9 +456,10 @@ async fn connect_many(
     for i in 0..n {
         let (addr, sem, id) = (addr.clone(), sem.clone(), client_id(role, i));
         let ka = opts.keepalive;
+        let expiry = if role == "s" { opts.session_expiry } else { 0 };
         set.spawn(async move {
             let _permit = sem.acquire_owned().await.context("semaphore closed")?;
-            Conn::open(&addr, version, &id, ka, read_chunk)
+            Conn::open_with_expiry(&addr, version, &id, ka, read_chunk, expiry)
                 .await
                 .map(|c| (i, c))
         });
@@ -478,6 +498,23 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     let rss = opts
         .broker_pid
         .map(|pid| rss::spawn_sampler(pid, stop_rss_rx));
+
+    // Stuck subscribers: subscribed, then never read from again (held until the end).
+    let mut stuck = Vec::with_capacity(opts.stuck_subscribers);
+    for i in 0..opts.stuck_subscribers {
+        let id = client_id("stuck", i);
+        let mut c = Conn::open_with_expiry(
+            &opts.addr(),
+            version,
+            &id,
+            opts.keepalive,
+            4096,
+            opts.stuck_session_expiry,
+        )
+        .await?;
+        c.subscribe(&opts.stuck_filter, opts.stuck_qos).await?;
+        stuck.push(c);
+    }
 
     // Subscribers first, all subscribed before anything is published.
     let mut subs = tokio::time::timeout_at(
@@ -613,6 +650,8 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         eprintln!();
     }
     let _ = stop_rss_tx.send(true);
+    // The stuck subscribers were held open up to here.
+    drop(stuck);
     if let Some(h) = rss {
         report.broker_rss_max_kb = h.await.ok().flatten();
     }

@@ -64,16 +64,40 @@ fn put_str(buf: &mut BytesMut, s: &[u8]) {
 
 /// CONNECT with clean start, no will, no credentials, no properties.
 pub fn connect(buf: &mut BytesMut, v: Version, client_id: &str, keepalive: u16) {
-    let props = usize::from(v.is_v5());
+    connect_with_expiry(buf, v, client_id, keepalive, 0);
+}
+
+/// CONNECT with clean start and a Session Expiry Interval (MQTT 5; for 3.1.1 a non-zero
+/// expiry means clean session 0), no will, no credentials.
+pub fn connect_with_expiry(
+    buf: &mut BytesMut,
+    v: Version,
+    client_id: &str,
+    keepalive: u16,
+    expiry_s: u32,
+) {
+    let props = match (v.is_v5(), expiry_s) {
+        (false, _) => 0,
+        (true, 0) => 1,
+        (true, _) => 6,
+    };
     let rl = 6 + 1 + 1 + 2 + props + 2 + client_id.len();
     buf.put_u8(CONNECT << 4);
     put_varint(buf, rl);
     put_str(buf, b"MQTT");
     buf.put_u8(if v.is_v5() { 5 } else { 4 });
-    buf.put_u8(0x02); // clean start / clean session
+    // Clean start; 3.1.1 has no expiry: a persistent session is clean session 0.
+    let clean = if !v.is_v5() && expiry_s > 0 { 0 } else { 0x02 };
+    buf.put_u8(clean);
     buf.put_u16(keepalive);
     if v.is_v5() {
-        buf.put_u8(0);
+        if expiry_s == 0 {
+            buf.put_u8(0);
+        } else {
+            buf.put_u8(5);
+            buf.put_u8(0x11); // Session Expiry Interval
+            buf.put_u32(expiry_s);
+        }
     }
     put_str(buf, client_id.as_bytes());
 }

@@ -6,7 +6,7 @@ use crate::message::NOT_STORED;
 use crate::message::{Delivery, Message};
 use crate::persist::{Op, Persist};
 use crate::router::{Router, Subscriber, Target};
-use crate::session::{Kick, PushOutcome, Session};
+use crate::session::{Kick, PushOutcome, QueueBudget, QueueLimits, Session, Spilled};
 use lanemq_protocol::topic;
 use lanemq_protocol::QoS;
 use lanemq_store::{Callback, RecordIn, StoreError, TryAppendError};
@@ -45,6 +45,8 @@ pub struct Broker {
     pub streams: Arc<lanemq_streams::engine::Engine>,
     /// The lite-topic layer: lanes and their consumer groups.
     pub lite: Arc<crate::lite::Lite>,
+    /// Bytes of queued messages every session holds in memory (`queued_bytes_max_total`).
+    pub queue_budget: Arc<QueueBudget>,
 }
 
 /// Authentication and authorization in force.
@@ -74,8 +76,6 @@ impl Auth {
 pub struct Ingested {
     /// At least one subscription matched.
     pub matched: bool,
-    /// Connected sessions whose queue is above its back-pressure mark after this message.
-    pub congested: Vec<Arc<Session>>,
 }
 
 impl Broker {
@@ -87,6 +87,7 @@ impl Broker {
         lite: Arc<crate::lite::Lite>,
     ) -> Arc<Broker> {
         let (shutdown_tx, _) = watch::channel(false);
+        let queue_budget = Arc::new(QueueBudget::new(config.mqtt.queued_bytes_max_total));
         Arc::new(Broker {
             config,
             router: RwLock::new(Router::default()),
@@ -100,7 +101,42 @@ impl Broker {
             auth: RwLock::new(Arc::new(auth)),
             streams,
             lite,
+            queue_budget,
         })
+    }
+
+    /// Queue limits of a new session.
+    pub fn queue_limits(&self) -> QueueLimits {
+        let m = &self.config.mqtt;
+        QueueLimits {
+            max_queued: m.max_queued_messages,
+            bytes_max: m.outbound_buffer_bytes_max,
+            overflow: m.queue_overflow,
+            budget: self.queue_budget.clone(),
+        }
+    }
+
+    /// Read the messages of spilled queue entries from the log (`None` where a record cannot
+    /// be read: retention removed it, or the log failed; logged).
+    pub fn read_spilled(
+        &self,
+        client: &str,
+        entries: Vec<Spilled>,
+    ) -> Vec<(Spilled, Option<Arc<Message>>)> {
+        let store = &self.persist.store;
+        entries
+            .into_iter()
+            .map(|sp| match store.read(sp.offset) {
+                Ok(r) => {
+                    let m = Arc::new(Message::from_record(&r));
+                    (sp, Some(m))
+                }
+                Err(e) => {
+                    warn!(%client, offset = sp.offset, error = %e, "queued message not in the log; dropped");
+                    (sp, None)
+                }
+            })
+            .collect()
     }
 
     /// The password file and ACL in force.
@@ -213,6 +249,15 @@ impl Broker {
             }
             (subs, st.drain_pending())
         };
+        let (mut pending, spilled) = pending;
+        let shared: Vec<Spilled> = spilled.into_iter().filter(|s| s.share.is_some()).collect();
+        if !shared.is_empty() {
+            for (sp, m) in self.read_spilled(&session.client_id, shared) {
+                if let Some(m) = m {
+                    pending.push(sp.into_delivery(m));
+                }
+            }
+        }
         self.lite.send(crate::lite::Event::Ended(session.clone()));
         {
             let mut router = self.router.write().unwrap_or_else(|e| e.into_inner());
@@ -399,9 +444,8 @@ impl Broker {
             msg.qos,
             &mut targets,
         );
-        let mut ingested = Ingested {
+        let ingested = Ingested {
             matched: !targets.is_empty(),
-            congested: Vec::new(),
         };
         for t in targets {
             let retain = msg.retain && t.retain_as_published;
@@ -416,9 +460,7 @@ impl Broker {
                 lane: None,
             };
             effects |= stored && d.qos != QoS::AtMostOnce;
-            if self.push(&t.session, d) == PushOutcome::Congested {
-                ingested.congested.push(t.session);
-            }
+            self.push(&t.session, d);
         }
         if effects {
             submit(Op::Routed { offset: msg.offset });
@@ -504,6 +546,9 @@ impl Broker {
                 .chain(st.inflight.iter().map(|i| &i.delivery))
             {
                 min = min.min(d.msg.offset);
+            }
+            for sp in &st.spilled {
+                min = min.min(sp.offset);
             }
         }
         min
@@ -595,8 +640,7 @@ impl Broker {
             let session = Arc::new(Session::new(
                 client_id.clone(),
                 protocol,
-                self.config.mqtt.max_queued_messages,
-                self.config.mqtt.outbound_buffer_bytes_max,
+                self.queue_limits(),
             ));
             let subs = p.load_subs(&client)?;
             let queue = p.load_queue(&client)?;
@@ -632,8 +676,33 @@ impl Broker {
                     st.subscriptions
                         .insert(filter.clone(), Subscription { options, sub_id });
                 }
+                let (first, end) = (p.store.first_offset(), p.store.committed_offset());
                 for (seq, offset, qos, retain) in queue {
                     st.next_seq = st.next_seq.max(seq + 1);
+                    if offset < first || offset >= end {
+                        warn!(%client, offset, "queued message not in the log; dropped");
+                        p.submit(Op::QueueRemove {
+                            client: client_id.clone(),
+                            seq,
+                        });
+                        continue;
+                    }
+                    seen.insert(offset);
+                    let qos = QoS::from_u8(qos).unwrap_or(QoS::AtLeastOnce);
+                    let Some(&(pid, stage)) = inflight.get(&seq) else {
+                        // Not sent yet: a log position, read when the client takes it.
+                        st.spilled.push_back(Spilled {
+                            offset,
+                            seq,
+                            qos,
+                            retain,
+                            cost: 0,
+                            sub_ids: Box::new([]),
+                            share: None,
+                        });
+                        out.queued += 1;
+                        continue;
+                    };
                     let r = match p.store.read(offset) {
                         Ok(r) => r,
                         Err(e) => {
@@ -641,10 +710,9 @@ impl Broker {
                             continue;
                         }
                     };
-                    seen.insert(offset);
                     let d = Delivery {
                         msg: Arc::new(Message::from_record(&r)),
-                        qos: QoS::from_u8(qos).unwrap_or(QoS::AtLeastOnce),
+                        qos,
                         retain,
                         sub_ids: Vec::new(),
                         share: None,
@@ -652,25 +720,17 @@ impl Broker {
                         stream: None,
                         lane: None,
                     };
-                    match inflight.get(&seq) {
-                        Some(&(pid, stage)) => {
-                            let stage = match stage {
-                                1 => InflightStage::PubAck,
-                                2 => InflightStage::PubRec,
-                                _ => InflightStage::PubComp,
-                            };
-                            st.pids_in_use.insert(pid);
-                            st.inflight.push_back(Inflight {
-                                packet_id: pid,
-                                stage,
-                                delivery: d,
-                            });
-                        }
-                        None => {
-                            st.queued_bytes += d.msg.cost();
-                            st.queue.push_back(d);
-                        }
-                    }
+                    let stage = match stage {
+                        1 => InflightStage::PubAck,
+                        2 => InflightStage::PubRec,
+                        _ => InflightStage::PubComp,
+                    };
+                    st.pids_in_use.insert(pid);
+                    st.inflight.push_back(Inflight {
+                        packet_id: pid,
+                        stage,
+                        delivery: d,
+                    });
                     out.queued += 1;
                 }
                 for (pid, _offset, received) in &inbound {

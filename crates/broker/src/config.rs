@@ -184,17 +184,18 @@ pub struct MqttConfig {
     pub receive_maximum: u16,
     /// Cap on outbound unacknowledged QoS 1/2 PUBLISH per session (also bounded by the client's Receive Maximum).
     pub max_inflight_messages: u16,
-    /// Messages queued per session beyond the inflight window (online or offline).
+    /// QoS 1/2 messages queued per session beyond the inflight window (online or offline).
     pub max_queued_messages: usize,
-    /// Bytes a connection may have waiting to be written before QoS 0 is dropped and a slow
-    /// consumer of QoS 1/2 is disconnected (0x97).
+    /// What a full queue does: disconnect (0x97), drop_newest or drop_oldest.
+    pub queue_overflow: QueueOverflow,
+    /// Bytes of queued messages one session keeps in memory: beyond it QoS 0 is dropped for
+    /// that session and QoS 1/2 is kept as log positions (read back when sent).
     pub outbound_buffer_bytes_max: usize,
-    /// Queue length of a connected session above which the publishers feeding it stop
-    /// reading their sockets until it drains to half (or `backpressure_wait_max_ms` passes);
-    /// 0 disables back-pressure (then only the drop/disconnect limits apply).
-    pub backpressure_queue_messages: usize,
-    /// Longest a publisher is paused for one congested subscriber.
-    pub backpressure_wait_max_ms: u64,
+    /// The same bound for all sessions together.
+    pub queued_bytes_max_total: usize,
+    /// PUBLISH packets one connection may send per second (0: no limit). Beyond it the
+    /// broker stops reading that connection until its budget refills.
+    pub max_publish_rate_per_s: u32,
     /// A client must send CONNECT within this time.
     pub connect_timeout_ms: u64,
     /// If set, overrides the client's keep alive (Server Keep Alive in CONNACK).
@@ -228,9 +229,10 @@ impl Default for MqttConfig {
             receive_maximum: 1024,
             max_inflight_messages: 1024,
             max_queued_messages: 100_000,
+            queue_overflow: QueueOverflow::Disconnect,
             outbound_buffer_bytes_max: 8 * 1024 * 1024,
-            backpressure_queue_messages: 1_000,
-            backpressure_wait_max_ms: 1_000,
+            queued_bytes_max_total: 256 * 1024 * 1024,
+            max_publish_rate_per_s: 0,
             connect_timeout_ms: 10_000,
             server_keep_alive_s: None,
             max_keep_alive_s: u16::MAX,
@@ -244,6 +246,21 @@ impl Default for MqttConfig {
             response_information: None,
         }
     }
+}
+
+/// What happens when a session's queue holds `max_queued_messages` QoS 1/2 deliveries and
+/// another one arrives (`mqtt.queue_overflow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueOverflow {
+    /// A connected client is disconnected with 0x97 (its session keeps the queue); the new
+    /// message is dropped for it. An offline session drops the new message.
+    #[default]
+    Disconnect,
+    /// The new message is dropped for this session.
+    DropNewest,
+    /// The oldest queued (not yet sent) message is dropped to make room.
+    DropOldest,
 }
 
 /// When an accepted message counts as stored (see `docs/durability.md`).
@@ -366,6 +383,12 @@ impl Config {
         }
         if m.outbound_buffer_bytes_max < 4096 {
             errors.push("mqtt.outbound_buffer_bytes_max: must be at least 4096".to_string());
+        }
+        if m.queued_bytes_max_total < m.outbound_buffer_bytes_max {
+            errors.push(format!(
+                "mqtt.queued_bytes_max_total: {} is below mqtt.outbound_buffer_bytes_max ({})",
+                m.queued_bytes_max_total, m.outbound_buffer_bytes_max
+            ));
         }
         if m.connect_timeout_ms == 0 {
             errors.push("mqtt.connect_timeout_ms: must be at least 1".to_string());

@@ -43,6 +43,13 @@ const READ_BUFFER_STEP_BYTES: usize = 16 * 1024;
 const BUFFER_SHRINK_BYTES: usize = 64 * 1024;
 /// How long the final DISCONNECT and buffered data may take to flush.
 const FLUSH_TIMEOUT_MS: u64 = 1_000;
+/// Spilled queue entries are read back from the log when fewer than this many are in memory.
+const REFILL_LOW: usize = 64;
+/// Spilled queue entries read back at a time, at most.
+const REFILL_BATCH: usize = 128;
+/// Bytes of spilled queue entries read back at a time, at most (at least one entry; never
+/// beyond the session's `outbound_buffer_bytes_max`).
+const REFILL_BYTES_MAX: usize = 64 * 1024;
 /// How long input is drained after a server-initiated DISCONNECT.
 const LINGER_MS: u64 = 500;
 /// How much input is drained at most after a server-initiated DISCONNECT.
@@ -156,10 +163,46 @@ where
     Ok(())
 }
 
-/// Back-pressure: wait (bounded) until a congested subscriber's queue has drained.
-async fn wait_for_space(session: Option<&Session>, max: Duration) {
-    if let Some(s) = session {
-        let _ = tokio::time::timeout(max, s.wait_for_space()).await;
+/// `max_publish_rate_per_s` of one connection: a token bucket holding one second of budget.
+struct RateLimit {
+    per_s: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl RateLimit {
+    fn new(per_s: u32) -> RateLimit {
+        RateLimit {
+            per_s: f64::from(per_s),
+            tokens: f64::from(per_s),
+            last: Instant::now(),
+        }
+    }
+
+    /// One PUBLISH received.
+    fn take(&mut self) {
+        self.tokens -= 1.0;
+    }
+
+    /// When reading may resume, if the budget is spent.
+    fn paused_until(&mut self) -> Option<tokio::time::Instant> {
+        let now = Instant::now();
+        let dt = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.per_s).min(self.per_s);
+        if self.tokens >= 1.0 {
+            return None;
+        }
+        let wait = (1.0 - self.tokens) / self.per_s;
+        Some(tokio::time::Instant::from_std(
+            now + Duration::from_secs_f64(wait),
+        ))
+    }
+}
+
+async fn sleep_until_opt(t: Option<tokio::time::Instant>) {
+    if let Some(t) = t {
+        tokio::time::sleep_until(t).await;
     }
 }
 
@@ -282,8 +325,8 @@ struct Conn {
     /// Session Expiry Interval from CONNECT, possibly updated by DISCONNECT.
     session_expiry_s: u32,
     wbuf: BytesMut,
-    /// Sessions this connection's publishes congested: reading pauses until they drain.
-    congested: Vec<Arc<Session>>,
+    /// `max_publish_rate_per_s`: reading pauses while the budget is spent.
+    rate: Option<RateLimit>,
     /// Username as presented in CONNECT (authenticated when a password file is in use).
     username: Option<Arc<str>>,
     /// Stored PUBLISHes not yet durable, in arrival order.
@@ -426,10 +469,9 @@ impl Conn {
             }
         }
 
-        let max_queued = cfg.max_queued_messages;
-        let budget = cfg.outbound_buffer_bytes_max;
+        let limits = broker.queue_limits();
         let (session, resumed) = broker.open_session(&client_id, c.clean_start, || {
-            Session::new(client_id.clone(), version, max_queued, budget)
+            Session::new(client_id.clone(), version, limits)
         });
         let waker = Arc::new(Notify::new());
         let mut wbuf = BytesMut::new();
@@ -447,7 +489,6 @@ impl Conn {
             st.kick = None;
             st.protocol = version;
             st.expiry_s = session_expiry_s;
-            st.backpressure_messages = cfg.backpressure_queue_messages;
         }
         let persist = &broker.persist;
         if session_expiry_s > 0 {
@@ -533,7 +574,8 @@ impl Conn {
             will: c.will,
             session_expiry_s,
             wbuf,
-            congested: Vec::new(),
+            rate: (cfg.max_publish_rate_per_s > 0)
+                .then(|| RateLimit::new(cfg.max_publish_rate_per_s)),
             username: c.username.as_deref().map(Arc::from),
             pending: VecDeque::new(),
             completions: Arc::new(Completions {
@@ -667,9 +709,30 @@ impl Conn {
         (p, new_alias)
     }
 
+    /// Bring spilled queue entries (log positions) back into memory, reading the log, when
+    /// the in-memory part of the queue runs low. The log is read without the session lock.
+    fn refill(&mut self) {
+        {
+            let st = self.session.lock();
+            if st.spilled.is_empty()
+                || st.queue.len() >= REFILL_LOW
+                || st.generation != self.generation
+            {
+                return;
+            }
+        }
+        let entries = self.session.peek_spilled(REFILL_BATCH, REFILL_BYTES_MAX);
+        let read = self.broker.read_spilled(&self.client_id, entries);
+        let lost = self.session.lock().take_spilled(read);
+        for sp in lost {
+            self.forget_delivery(sp.seq, None);
+        }
+    }
+
     /// Move deliveries from the session queue into the write buffer, within the inflight
     /// window and the write high-water mark. Returns a kick if the connection must end.
     fn drain(&mut self) -> Option<Kick> {
+        self.refill();
         let now = Instant::now();
         let session = self.session.clone();
         let mut st = session.lock();
@@ -703,7 +766,7 @@ impl Conn {
                 match st.alloc_pid() {
                     Some(pid) => pid,
                     None => {
-                        st.queue.push_front(d);
+                        st.unpop_queue(d);
                         break;
                     }
                 }
@@ -761,7 +824,6 @@ impl Conn {
                 });
             }
         }
-        session.release_space(&mut st);
         drop(st);
         let stats = &self.broker.stats;
         if sent > 0 {
@@ -784,8 +846,6 @@ impl Conn {
         let deadline = tokio::time::sleep(keep_alive.unwrap_or(far));
         tokio::pin!(deadline);
         let waker = self.waker.clone();
-        let backpressure_wait =
-            Duration::from_millis(self.broker.config.mqtt.backpressure_wait_max_ms);
         // Packets already buffered behind CONNECT.
         if !rbuf.is_empty() {
             if let Err(c) = self.process_input(&mut rbuf, max_packet) {
@@ -793,6 +853,12 @@ impl Conn {
             }
         }
         loop {
+            if self.rate.is_some() && !rbuf.is_empty() {
+                // Packets left in the buffer by a rate-limit pause.
+                if let Err(c) = self.process_input(&mut rbuf, max_packet) {
+                    return c;
+                }
+            }
             if let Err(c) = self.process_completions() {
                 return c;
             }
@@ -803,6 +869,10 @@ impl Conn {
                         will: true,
                     },
                     Kick::SlowConsumer => {
+                        self.broker
+                            .queue_budget
+                            .slow_consumers_disconnected
+                            .fetch_add(1, Ordering::Relaxed);
                         warn!("slow consumer: queue limit reached, disconnecting");
                         Close::error(rc::QUOTA_EXCEEDED)
                     }
@@ -827,7 +897,7 @@ impl Conn {
             } else if rbuf.capacity() - rbuf.len() < READ_BUFFER_IDLE_BYTES / 2 {
                 rbuf.reserve(READ_BUFFER_STEP_BYTES);
             }
-            let throttle = self.congested.last().cloned();
+            let paused = self.rate.as_mut().and_then(RateLimit::paused_until);
             tokio::select! {
                 biased;
                 res = writer.write(&self.wbuf[..writable]), if writing => {
@@ -840,14 +910,13 @@ impl Conn {
                         }
                     }
                 }
-                _ = wait_for_space(throttle.as_deref(), backpressure_wait), if throttle.is_some() => {
-                    self.congested.pop();
+                _ = sleep_until_opt(paused), if paused.is_some() => {
                     // Not reading was our choice: the client's keep alive starts afresh.
                     if let Some(ka) = keep_alive {
                         deadline.as_mut().reset(tokio::time::Instant::now() + ka);
                     }
                 }
-                res = reader.read_buf(&mut rbuf), if throttle.is_none() => {
+                res = reader.read_buf(&mut rbuf), if paused.is_none() => {
                     match res {
                         Ok(0) | Err(_) => return Close::silent(true),
                         Ok(n) => {
@@ -872,6 +941,14 @@ impl Conn {
 
     fn process_input(&mut self, rbuf: &mut BytesMut, max_packet: u32) -> Result<(), Close> {
         loop {
+            if self
+                .rate
+                .as_mut()
+                .is_some_and(|r| r.paused_until().is_some())
+            {
+                // Over `max_publish_rate_per_s`: the rest waits in the buffer.
+                return Ok(());
+            }
             match decode(rbuf, self.version, max_packet) {
                 Ok(Some(p)) => self.handle(p)?,
                 Ok(None) => return Ok(()),
@@ -885,7 +962,12 @@ impl Conn {
 
     fn handle(&mut self, p: Packet) -> Result<(), Close> {
         match p {
-            Packet::Publish(p) => self.on_publish(p),
+            Packet::Publish(p) => {
+                if let Some(r) = &mut self.rate {
+                    r.take();
+                }
+                self.on_publish(p)
+            }
             Packet::PubAck(r) => {
                 let done = self
                     .session
@@ -1247,12 +1329,6 @@ impl Conn {
         // 0x10 only tells a publisher nobody got it; a retained message is kept for later.
         let kept = (msg.retain && !msg.payload.is_empty()) || msg.in_lane;
         let ingested = self.broker.deliver_with(msg, deferred);
-        for s in ingested.congested {
-            if !Arc::ptr_eq(&s, &self.session) && !self.congested.iter().any(|c| Arc::ptr_eq(c, &s))
-            {
-                self.congested.push(s);
-            }
-        }
         if ingested.matched || kept || !self.version.is_v5() {
             rc::SUCCESS
         } else {

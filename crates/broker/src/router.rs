@@ -261,7 +261,11 @@ mod tests {
     use lanemq_protocol::ProtocolVersion;
 
     fn sess(id: &str) -> Arc<Session> {
-        Arc::new(Session::new(id.into(), ProtocolVersion::V5, 10, 1 << 20))
+        Arc::new(Session::new(
+            id.into(),
+            ProtocolVersion::V5,
+            crate::session::QueueLimits::simple(10, 1 << 20),
+        ))
     }
     fn sub(s: &Arc<Session>, qos: QoS, id: Option<u32>) -> Subscriber {
         Subscriber {

@@ -5,15 +5,29 @@
 //! the queue, assigns packet identifiers and handles acknowledgements) and publishers (which
 //! push deliveries). The lock is never held across an `.await`.
 //!
-//! Seam for the durable store: a [`Delivery`] refers to its message by `Arc`; the store issue
-//! turns the offline part of the queue into log positions without changing this interface.
+//! The queue has two parts, sent in this order: `queue`, deliveries in memory (each holds its
+//! message by `Arc`), then `spilled`, deliveries of stored QoS 1/2 messages kept only as log
+//! positions. A QoS 1/2 delivery is spilled when the session's in-memory bytes
+//! (`outbound_buffer_bytes_max`) or the broker-wide ones (`queued_bytes_max_total`) are used
+//! up, and always once something is spilled (order). The owning connection moves spilled
+//! entries back into memory, reading the log, as the client takes them.
+//!
+//! Invariants:
+//! - every delivery in `spilled` comes after every delivery in `queue`;
+//! - `queued_bytes` is the cost of `queue`, and the broker-wide [`QueueBudget`] is the sum of
+//!   every session's `queued_bytes` (changed only through [`SessionState::add_bytes`] and
+//!   [`SessionState::sub_bytes`]);
+//! - `queue.len() + spilled.len()` never exceeds `max_queued` for client deliveries (stream
+//!   and lane deliveries are bounded by their feeders instead);
+//! - publishers never wait for a session: a full queue applies [`QueueOverflow`].
 
-use crate::message::{Delivery, NOT_STORED};
+pub use crate::config::QueueOverflow;
+use crate::message::{Delivery, SharedOrigin, NOT_STORED};
 use crate::persist::{Op, Persist};
 use crate::streams::StreamSub;
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
@@ -54,12 +68,115 @@ pub enum Kick {
 /// Outcome of [`Session::push`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PushOutcome {
+    /// In memory.
     Queued,
-    /// Queued, but the connected session's queue is above its back-pressure mark: the
-    /// publisher should pause reading until it drains ([`Session::wait_for_space`]).
-    Congested,
-    /// QoS 0 to an offline session, or queue full: dropped and counted.
+    /// Kept as a log position (QoS 1/2 beyond the memory budgets).
+    Spilled,
+    /// QoS 0 to an offline session or beyond the byte budgets, or the queue was full (see
+    /// [`QueueOverflow`]): dropped and counted.
     Dropped,
+}
+
+/// The broker-wide budget of queued message bytes kept in memory (`queued_bytes_max_total`).
+#[derive(Debug, Default)]
+pub struct QueueBudget {
+    used: AtomicUsize,
+    max: usize,
+    /// QoS 1/2 deliveries kept as log positions because a byte budget was used up.
+    pub spilled: AtomicU64,
+    /// QoS 0 deliveries dropped because a byte budget was used up.
+    pub dropped_qos0: AtomicU64,
+    /// QoS 1/2 deliveries dropped because a queue was full.
+    pub dropped_queue_full: AtomicU64,
+    /// Connections closed with 0x97 because their queue was full.
+    pub slow_consumers_disconnected: AtomicU64,
+}
+
+impl QueueBudget {
+    pub fn new(max: usize) -> QueueBudget {
+        QueueBudget {
+            max,
+            ..Default::default()
+        }
+    }
+
+    /// Bytes of queued messages held in memory by every session.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    fn has_room(&self, cost: usize) -> bool {
+        self.used.load(Ordering::Relaxed) + cost <= self.max
+    }
+}
+
+/// A session's queue limits (from `[mqtt]`) and the broker-wide budget.
+#[derive(Debug, Clone)]
+pub struct QueueLimits {
+    /// QoS 1/2 deliveries queued at most (memory and log positions).
+    pub max_queued: usize,
+    /// Bytes of queued messages this session keeps in memory.
+    pub bytes_max: usize,
+    pub overflow: QueueOverflow,
+    pub budget: Arc<QueueBudget>,
+}
+
+impl QueueLimits {
+    /// Limits for tests: `max_queued` messages, `bytes_max` bytes, a budget of its own.
+    pub fn simple(max_queued: usize, bytes_max: usize) -> QueueLimits {
+        QueueLimits {
+            max_queued,
+            bytes_max,
+            overflow: QueueOverflow::Disconnect,
+            budget: Arc::new(QueueBudget::new(usize::MAX / 2)),
+        }
+    }
+}
+
+/// A queued QoS 1/2 delivery kept as a log position (its message is read back when sent).
+#[derive(Debug, Clone)]
+pub struct Spilled {
+    pub offset: u64,
+    /// Position in the session's persisted queue (0: not persisted).
+    pub seq: u64,
+    pub qos: QoS,
+    pub retain: bool,
+    /// [`crate::message::Message::cost`] of its message (0 when not known: restored).
+    pub cost: u32,
+    pub sub_ids: Box<[u32]>,
+    pub share: Option<Arc<SharedOrigin>>,
+}
+
+impl Spilled {
+    fn of(d: &Delivery) -> Spilled {
+        Spilled {
+            offset: d.msg.offset,
+            seq: d.seq,
+            qos: d.qos,
+            retain: d.retain,
+            cost: u32::try_from(d.msg.cost()).unwrap_or(u32::MAX),
+            sub_ids: d.sub_ids.clone().into_boxed_slice(),
+            share: d.share.clone(),
+        }
+    }
+
+    /// The delivery again, with its message as read from the log.
+    pub fn into_delivery(self, msg: Arc<crate::message::Message>) -> Delivery {
+        Delivery {
+            msg,
+            qos: self.qos,
+            retain: self.retain,
+            sub_ids: self.sub_ids.into_vec(),
+            share: self.share,
+            seq: self.seq,
+            stream: None,
+            lane: None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -75,23 +192,22 @@ pub struct SessionState {
     pub expiry_s: u32,
     /// Full filters as subscribed (including `$share/<group>/`).
     pub subscriptions: HashMap<String, Subscription>,
+    /// Deliveries in memory, sent first.
     pub queue: VecDeque<Delivery>,
-    pub queued_bytes: usize,
+    /// QoS 1/2 deliveries kept as log positions, sent after `queue`.
+    pub spilled: VecDeque<Spilled>,
+    /// Cost of `queue` (see [`crate::message::Message::cost`]).
+    queued_bytes: usize,
     pub inflight: VecDeque<Inflight>,
     pub pids_in_use: HashSet<u16>,
     pub next_pid: u16,
     /// Inbound QoS 2 packet identifiers received and PUBREC'd, waiting for PUBREL.
     pub inbound_qos2: HashSet<u16>,
-    pub max_queued: usize,
-    pub outbound_bytes_max: usize,
+    pub limits: QueueLimits,
     pub dropped: u64,
     /// Wakes the owning connection task (new deliveries, a kick). Replaced on every connect;
     /// `None` while offline.
     pub waker: Option<Arc<Notify>>,
-    /// Queue length above which publishers feeding this connected session pause (0: never).
-    pub backpressure_messages: usize,
-    /// A publisher waits on `Session::space`.
-    pub space_waiters: bool,
     /// Next persisted queue sequence number.
     pub next_seq: u64,
     /// During start-up replay: offsets already in the restored queue (de-duplication).
@@ -100,11 +216,17 @@ pub struct SessionState {
     pub stream_subs: HashMap<String, Arc<StreamSub>>,
 }
 
+impl Drop for SessionState {
+    /// Give the in-memory bytes back to the broker-wide budget.
+    fn drop(&mut self) {
+        let n = self.queued_bytes;
+        self.sub_bytes(n);
+    }
+}
+
 pub struct Session {
     pub client_id: Arc<str>,
     state: Mutex<SessionState>,
-    /// Signalled when a congested queue has drained below half its back-pressure mark.
-    space: Notify,
     /// Mirror of `state.connected`, readable without the lock (shared-subscription choice).
     online: AtomicBool,
 }
@@ -118,12 +240,7 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    pub fn new(
-        client_id: Arc<str>,
-        protocol: ProtocolVersion,
-        max_queued: usize,
-        outbound_bytes_max: usize,
-    ) -> Session {
+    pub fn new(client_id: Arc<str>, protocol: ProtocolVersion, limits: QueueLimits) -> Session {
         Session {
             client_id,
             state: Mutex::new(SessionState {
@@ -135,22 +252,19 @@ impl Session {
                 expiry_s: 0,
                 subscriptions: HashMap::new(),
                 queue: VecDeque::new(),
+                spilled: VecDeque::new(),
                 queued_bytes: 0,
                 inflight: VecDeque::new(),
                 pids_in_use: HashSet::new(),
                 next_pid: 1,
                 inbound_qos2: HashSet::new(),
-                max_queued,
-                outbound_bytes_max,
+                limits,
                 dropped: 0,
                 waker: None,
-                backpressure_messages: 0,
-                space_waiters: false,
                 next_seq: 1,
                 replay_offsets: None,
                 stream_subs: HashMap::new(),
             }),
-            space: Notify::new(),
             online: AtomicBool::new(false),
         }
     }
@@ -169,8 +283,9 @@ impl Session {
         self.online.store(online, Ordering::Relaxed);
     }
 
-    /// Queue a delivery. QoS 0 is only queued for a connected session; the queue is bounded
-    /// by `max_queued` messages and, for connected QoS 0, by the outbound byte budget.
+    /// Queue a delivery. Never waits: QoS 0 is queued only for a connected session within the
+    /// byte budgets (else dropped and counted); QoS 1/2 beyond the byte budgets is kept as a
+    /// log position; a full queue applies the session's [`QueueOverflow`].
     pub fn push(&self, mut d: Delivery, persist: Option<&Persist>) -> PushOutcome {
         let mut st = self.lock();
         if st.ended {
@@ -183,19 +298,33 @@ impl Session {
         }
         let cost = d.msg.cost();
         if d.qos == QoS::AtMostOnce {
-            if !st.connected || st.queued_bytes + cost > st.outbound_bytes_max {
+            if !st.connected || !st.has_room(cost) {
                 st.dropped += 1;
+                if st.connected {
+                    st.limits
+                        .budget
+                        .dropped_qos0
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 return PushOutcome::Dropped;
             }
-        } else if st.queue.len() >= st.max_queued {
+        } else if st.queue.len() + st.spilled.len() >= st.limits.max_queued {
             st.dropped += 1;
-            if st.connected && st.kick.is_none() {
-                st.kick = Some(Kick::SlowConsumer);
-                st.wake();
+            st.limits
+                .budget
+                .dropped_queue_full
+                .fetch_add(1, Ordering::Relaxed);
+            let overflow = st.limits.overflow;
+            match overflow {
+                QueueOverflow::DropOldest if st.drop_oldest(&self.client_id, persist) => {}
+                QueueOverflow::Disconnect if st.connected && st.kick.is_none() => {
+                    st.kick = Some(Kick::SlowConsumer);
+                    st.wake();
+                    return PushOutcome::Dropped;
+                }
+                _ => return PushOutcome::Dropped,
             }
-            return PushOutcome::Dropped;
         }
-        st.queued_bytes += cost;
         if let Some(p) = persist {
             if st.expiry_s > 0 && d.qos != QoS::AtMostOnce && d.msg.offset != NOT_STORED {
                 d.seq = st.next_seq;
@@ -209,15 +338,24 @@ impl Session {
                 });
             }
         }
+        let spillable = d.qos != QoS::AtMostOnce
+            && d.msg.offset != NOT_STORED
+            && d.stream.is_none()
+            && d.lane.is_none();
+        if spillable && (!st.spilled.is_empty() || !st.has_room(cost)) {
+            st.spilled.push_back(Spilled::of(&d));
+            st.limits.budget.spilled.fetch_add(1, Ordering::Relaxed);
+            if st.queue.is_empty() && st.spilled.len() == 1 {
+                st.wake();
+            }
+            return PushOutcome::Spilled;
+        }
+        st.add_bytes(cost);
         st.queue.push_back(d);
         if st.queue.len() == 1 {
             st.wake();
         }
-        if st.is_congested() {
-            PushOutcome::Congested
-        } else {
-            PushOutcome::Queued
-        }
+        PushOutcome::Queued
     }
 
     /// Queue a stream delivery. Its feeder already bounds how many are queued or in flight
@@ -227,7 +365,7 @@ impl Session {
         if st.ended {
             return;
         }
-        st.queued_bytes += d.msg.cost();
+        st.add_bytes(d.msg.cost());
         st.queue.push_back(d);
         if st.queue.len() == 1 {
             st.wake();
@@ -243,7 +381,7 @@ impl Session {
         }
         let was_empty = st.queue.is_empty();
         for d in ds {
-            st.queued_bytes += d.msg.cost();
+            st.add_bytes(d.msg.cost());
             st.queue.push_back(d);
         }
         if was_empty {
@@ -267,7 +405,7 @@ impl Session {
             }
             !hit
         });
-        st.queued_bytes = st.queued_bytes.saturating_sub(freed);
+        st.sub_bytes(freed);
         let pids = &mut st.pids_in_use;
         st.inflight.retain(|i| {
             let hit = i.delivery.lane.as_ref().is_some_and(&pred);
@@ -293,7 +431,7 @@ impl Session {
             }
             _ => true,
         });
-        st.queued_bytes = st.queued_bytes.saturating_sub(freed);
+        st.sub_bytes(freed);
         out
     }
 
@@ -308,52 +446,113 @@ impl Session {
             }
             !mine
         });
-        st.queued_bytes = st.queued_bytes.saturating_sub(freed);
+        st.sub_bytes(freed);
     }
 
-    /// Wait until this session's queue is no longer congested (or the session went offline).
-    /// The caller bounds the wait with a timeout.
-    pub async fn wait_for_space(&self) {
-        loop {
-            let notified = self.space.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut st = self.lock();
-                if !st.connected || st.ended || !st.is_congested() {
-                    return;
-                }
-                st.space_waiters = true;
+    /// The first spilled entries (clones), at most `n` and `bytes_max` bytes and never beyond
+    /// the session's own byte budget, but at least one while the queue in memory is empty:
+    /// read from the log without the lock, then taken with [`SessionState::take_spilled`].
+    pub fn peek_spilled(&self, n: usize, bytes_max: usize) -> Vec<Spilled> {
+        let st = self.lock();
+        let room = st
+            .limits
+            .bytes_max
+            .saturating_sub(st.queued_bytes)
+            .min(bytes_max);
+        let mut used = 0usize;
+        let mut out = Vec::new();
+        for sp in st.spilled.iter().take(n) {
+            // Restored entries do not know their size: count a small message.
+            let cost = if sp.cost == 0 { 128 } else { sp.cost as usize };
+            if used + cost > room && !(out.is_empty() && st.queue.is_empty()) {
+                break;
             }
-            notified.await;
+            used += cost;
+            out.push(sp.clone());
         }
-    }
-
-    /// Called by the owning connection after draining: release waiting publishers once the
-    /// queue is below half the mark.
-    pub fn release_space(&self, st: &mut SessionState) {
-        if st.space_waiters && !st.is_congested_low() {
-            st.space_waiters = false;
-            self.space.notify_waiters();
-        }
+        out
     }
 }
 
 impl SessionState {
-    /// Above the back-pressure mark (messages, or half the outbound byte budget).
-    pub fn is_congested(&self) -> bool {
-        self.connected
-            && self.backpressure_messages > 0
-            && (self.queue.len() >= self.backpressure_messages
-                || self.queued_bytes >= self.outbound_bytes_max / 2)
+    /// Room for `cost` more bytes in memory, for this session and broker-wide.
+    fn has_room(&self, cost: usize) -> bool {
+        self.queued_bytes + cost <= self.limits.bytes_max && self.limits.budget.has_room(cost)
     }
 
-    /// Still above the low-water mark (half the back-pressure mark).
-    fn is_congested_low(&self) -> bool {
-        self.connected
-            && self.backpressure_messages > 0
-            && (self.queue.len() >= self.backpressure_messages / 2
-                || self.queued_bytes >= self.outbound_bytes_max / 4)
+    /// Account `n` bytes more in `queue`.
+    pub fn add_bytes(&mut self, n: usize) {
+        self.queued_bytes += n;
+        self.limits.budget.used.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Account `n` bytes less in `queue`.
+    pub fn sub_bytes(&mut self, n: usize) {
+        let n = n.min(self.queued_bytes);
+        self.queued_bytes -= n;
+        self.limits.budget.used.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Bytes of queued messages this session holds in memory.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes
+    }
+
+    /// Drop the oldest queued client delivery (in memory first, then spilled; never a stream
+    /// or lane delivery, whose feeders own them). False if there is none.
+    fn drop_oldest(&mut self, client: &Arc<str>, persist: Option<&Persist>) -> bool {
+        let seq = if let Some(i) = self
+            .queue
+            .iter()
+            .position(|d| d.stream.is_none() && d.lane.is_none())
+        {
+            let Some(d) = self.queue.remove(i) else {
+                return false;
+            };
+            self.sub_bytes(d.msg.cost());
+            d.seq
+        } else if let Some(sp) = self.spilled.pop_front() {
+            sp.seq
+        } else {
+            return false;
+        };
+        if let (Some(p), true) = (persist, seq != 0) {
+            p.submit(Op::QueueRemove {
+                client: client.clone(),
+                seq,
+            });
+        }
+        true
+    }
+
+    /// Take the spilled entries read by [`Session::peek_spilled`], in order, as deliveries in
+    /// memory. `read` holds each entry with its message, or `None` where it could not be
+    /// read (dropped: returned as the third element for the caller to forget). An entry no
+    /// longer at the front (dropped meanwhile) is skipped.
+    pub fn take_spilled(
+        &mut self,
+        read: Vec<(Spilled, Option<Arc<crate::message::Message>>)>,
+    ) -> Vec<Spilled> {
+        let mut lost = Vec::new();
+        for (sp, msg) in read {
+            let front = self
+                .spilled
+                .front()
+                .is_some_and(|f| f.offset == sp.offset && f.seq == sp.seq);
+            if !front {
+                continue;
+            }
+            self.spilled.pop_front();
+            match msg {
+                Some(m) => {
+                    let d = sp.into_delivery(m);
+                    self.add_bytes(d.msg.cost());
+                    self.queue.push_back(d);
+                }
+                None => lost.push(sp),
+            }
+        }
+        lost
     }
 
     /// Wake the connection task, if one is attached.
@@ -398,13 +597,19 @@ impl SessionState {
 
     pub fn pop_queue(&mut self) -> Option<Delivery> {
         let d = self.queue.pop_front()?;
-        self.queued_bytes = self.queued_bytes.saturating_sub(d.msg.cost());
+        self.sub_bytes(d.msg.cost());
         Some(d)
     }
 
+    /// Put a delivery just popped back at the front.
+    pub fn unpop_queue(&mut self, d: Delivery) {
+        self.add_bytes(d.msg.cost());
+        self.queue.push_front(d);
+    }
+
     /// Drop everything queued and inflight (clean start, session end); returns what was pending
-    /// so shared-subscription messages can go to another member.
-    pub fn drain_pending(&mut self) -> Vec<Delivery> {
+    /// (and the spilled entries) so shared-subscription messages can go to another member.
+    pub fn drain_pending(&mut self) -> (Vec<Delivery>, Vec<Spilled>) {
         // A QoS 2 message whose PUBREC arrived was received by the client: not pending.
         let mut out: Vec<Delivery> = self
             .inflight
@@ -413,8 +618,10 @@ impl SessionState {
             .map(|i| i.delivery)
             .collect();
         out.extend(self.queue.drain(..));
-        self.queued_bytes = 0;
+        let n = self.queued_bytes;
+        self.sub_bytes(n);
         self.pids_in_use.clear();
-        out
+        let spilled = self.spilled.drain(..).collect();
+        (out, spilled)
     }
 }
