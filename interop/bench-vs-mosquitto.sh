@@ -13,6 +13,12 @@
 #   IDLE_CONNS=10000  idle connections for the RSS scenario
 #   INFLIGHT=100      QoS 1 window per publisher = mosquitto max_inflight_messages
 #   SCENARIOS="fanin_q0 fanout_q0 fanin_q1 fanin_q1_1k latency_q0 idle"
+#                     also available (docs/benchmarks.md, slow consumers): rate_q0 (10 -> 1
+#                     QoS 0 at SLOW_RATE msg/s), slow_consumer_q0 (the same plus one subscriber
+#                     on '#' that never reads), slow_consumer_q1 (fan-in QoS 1 as fast as
+#                     possible plus one persistent QoS 1 subscriber on '#' that never reads).
+#                     In slow_consumer_* mosquitto runs with its default queue limits.
+#   SLOW_RATE=100000  offered rate of rate_q0 / slow_consumer_q0
 #   BROKERS="mosquitto lanemq"
 #   RESULTS=target/bench-results/<timestamp>   where the JSON goes
 #   SVG=docs/bench.svg  chart output ("" = no chart)
@@ -142,13 +148,16 @@ start_broker() {
     mkdir -p "$dir/data"
     case $1 in
     mosquitto)
+        # Never drop for queue limits during a throughput benchmark; the slow-consumer
+        # scenarios measure each broker's own policy, so mosquitto keeps its defaults there.
+        local queue_limits="max_queued_messages 10000000
+max_queued_bytes 0"
+        [[ $2 == slow_consumer_* ]] && queue_limits="# default queue limits"
         cat >"$dir/mosquitto.conf" <<EOF
 listener $PORT 127.0.0.1
 allow_anonymous true
 persistence false
-# never drop for queue limits during a benchmark
-max_queued_messages 10000000
-max_queued_bytes 0
+$queue_limits
 max_inflight_messages $INFLIGHT
 max_connections -1
 set_tcp_nodelay $nodelay
@@ -173,6 +182,8 @@ EOF
     fi
 }
 
+SLOW_RATE=${SLOW_RATE:-100000}
+
 scenario_args() {
     local common="--duration $DURATION --warmup $WARMUP --drain 5 --inflight $INFLIGHT --quiet"
     case $1 in
@@ -182,6 +193,9 @@ scenario_args() {
     fanin_q1_1k) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 1 --payload 1024" ;;
     latency_q0) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 0 --payload 64 --rate $LAT_RATE" ;;
     idle) echo "--idle-connections $IDLE_CONNS --duration $DURATION --keepalive 60 --connect-concurrency 200 --quiet" ;;
+    rate_q0) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 0 --payload 64 --rate $SLOW_RATE" ;;
+    slow_consumer_q0) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 0 --payload 64 --rate $SLOW_RATE --stuck-subscribers 1 --stuck-qos 0 --stuck-filter #" ;;
+    slow_consumer_q1) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 1 --payload 64 --stuck-subscribers 1 --stuck-qos 1 --stuck-session-expiry 3600 --stuck-filter #" ;;
     *) return 1 ;;
     esac
 }

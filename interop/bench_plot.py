@@ -30,12 +30,25 @@ METRICS = [
     ("latency_q0", "latency p50 @50% load", "p50", "µs", False),
     ("latency_q0", "latency p99 @50% load", "p99", "µs", False),
     ("idle", "RSS per idle connection", "rss_conn", "bytes", False),
+    ("fanin_q1", "QoS1 fan-in p99", "p99", "µs", False),
+    ("rate_q0", "QoS0 10→1 at rate, delivered", "out", "msg/s", True),
+    ("rate_q0", "QoS0 10→1 at rate, p99", "p99", "µs", False),
+    ("slow_consumer_q0", "+ stuck QoS0 sub: delivered", "out", "msg/s", True),
+    ("slow_consumer_q0", "+ stuck QoS0 sub: p99", "p99", "µs", False),
+    ("slow_consumer_q1", "QoS1 + stuck persistent: published", "in", "msg/s", True),
+    ("slow_consumer_q1", "QoS1 + stuck persistent: delivered", "out", "msg/s", True),
+    ("slow_consumer_q1", "QoS1 + stuck persistent: p99", "p99", "µs", False),
+    ("slow_consumer_q1", "QoS1 + stuck persistent: RSS", "rss", "KiB", False),
 ]
 
 
 def metric(report, key):
     if key == "out":
         return report.get("msgs_per_sec_out")
+    if key == "in":
+        return report.get("msgs_per_sec_in")
+    if key == "rss":
+        return report.get("broker_rss_max_kb")
     if key in ("p50", "p99"):
         lat = report.get("latency") or {}
         return lat.get(key + "_us")
@@ -69,7 +82,8 @@ def medians(data):
             xs = [metric(r, key) for r in reps]
             xs = [x for x in xs if isinstance(x, (int, float))]
             bad = sum(1 for r in reps if r.get("errors") or r.get("timed_out"))
-            vals[b] = (statistics.median(xs), len(xs), bad) if xs else None
+            worst = (min(xs) if hib else max(xs)) if xs else None
+            vals[b] = (statistics.median(xs), len(xs), bad, worst) if xs else None
         if any(vals.values()):
             rows.append((scen, label, key, unit, hib, vals))
     return rows
@@ -85,7 +99,10 @@ def fmt(v, unit):
 
 def table(rows, data):
     out = []
-    head = f"{'scenario':<28} {'unit':<6} {'mosquitto':>12} {'lanemq':>12} {'lanemq/mosq':>12}"
+    head = (
+        f"{'scenario':<36} {'unit':<6} {'mosquitto median (worst)':>28} "
+        f"{'lanemq median (worst)':>28} {'lanemq/mosq':>12}"
+    )
     out.append(head)
     out.append("-" * len(head))
     for _scen, label, _key, unit, hib, vals in rows:
@@ -93,9 +110,11 @@ def table(rows, data):
         ratio = "—"
         if m and l and m[0]:
             ratio = f"{l[0] / m[0]:.2f}x"
-        cell = lambda x: "—" if not x else f"{fmt(x[0], unit)} (n={x[1]}){'!' if x[2] else ''}"
+        cell = lambda x: "—" if not x else (
+            f"{fmt(x[0], unit)} ({fmt(x[3], unit)}) n={x[1]}{'!' if x[2] else ''}"
+        )
         note = "" if hib else "  (lower is better)"
-        out.append(f"{label:<28} {unit:<6} {cell(m):>12} {cell(l):>12} {ratio:>12}{note}")
+        out.append(f"{label:<36} {unit:<6} {cell(m):>28} {cell(l):>28} {ratio:>12}{note}")
     losses = []
     for (scen, b), reps in sorted(data.items()):
         lost = sum(max(0, r.get("loss") or 0) for r in reps if (r.get("opts") or {}).get("qos", 0) > 0)

@@ -107,6 +107,29 @@ impl Conn {
         }
     }
 
+    /// SUBSCRIBE (MQTT 5) with one user property and wait for a successful SUBACK.
+    pub async fn subscribe_with_property(
+        &mut self,
+        filter: &str,
+        qos: u8,
+        key: &str,
+        value: &str,
+    ) -> anyhow::Result<()> {
+        let mut out = BytesMut::new();
+        mqtt::subscribe_with_property(&mut out, 1, filter, qos, key, value);
+        self.wr.write_all(&out).await?;
+        let f = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.next_frame())
+            .await
+            .context("SUBACK timed out")??;
+        match f {
+            Frame::SubAck { worst_reason, .. } if worst_reason < 0x80 => Ok(()),
+            Frame::SubAck { worst_reason, .. } => {
+                bail!("subscribe to {filter} refused: {worst_reason:#x}")
+            }
+            other => bail!("expected SUBACK, got {other:?}"),
+        }
+    }
+
     /// Read until one full frame is buffered (used only during set-up).
     pub async fn next_frame(&mut self) -> anyhow::Result<Frame> {
         loop {

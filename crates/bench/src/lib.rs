@@ -143,6 +143,10 @@ pub struct BenchOpts {
     /// value > 0 means clean session 0): > 0 makes their sessions persistent.
     #[arg(long, default_value_t = 0)]
     pub stuck_session_expiry: u32,
+    /// A user property on the stuck subscribers' SUBSCRIBE, `KEY=VALUE` (MQTT 5), e.g.
+    /// `stream-offset=earliest` for a stalled stream replay.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub stuck_user_property: Option<String>,
     #[command(flatten)]
     pub lanes: lanes::LanesOpts,
 }
@@ -215,6 +219,11 @@ impl BenchOpts {
             }
             if self.qos > 0 && self.inflight == 0 {
                 bail!("--inflight must be >= 1");
+            }
+        }
+        if let Some(p) = &self.stuck_user_property {
+            if !p.contains('=') {
+                bail!("--stuck-user-property must be KEY=VALUE, got {p:?}");
             }
         }
         if self.connect_concurrency == 0 {
@@ -442,6 +451,37 @@ fn client_id(role: &str, i: usize) -> String {
     format!("lmqb-{}-{seq}-{role}{i}", std::process::id())
 }
 
+/// Open `--stuck-subscribers` clients that subscribe to `--stuck-filter` and are never read
+/// from again; the caller holds them open for the whole run.
+pub async fn connect_stuck(opts: &BenchOpts) -> anyhow::Result<Vec<Conn>> {
+    let mut stuck = Vec::with_capacity(opts.stuck_subscribers);
+    for i in 0..opts.stuck_subscribers {
+        let id = client_id("stuck", i);
+        let mut c = Conn::open_with_expiry(
+            &opts.addr(),
+            opts.version(),
+            &id,
+            opts.keepalive,
+            4096,
+            opts.stuck_session_expiry,
+        )
+        .await?;
+        match opts
+            .stuck_user_property
+            .as_deref()
+            .and_then(|p| p.split_once('='))
+        {
+            Some((k, v)) => {
+                c.subscribe_with_property(&opts.stuck_filter, opts.stuck_qos, k, v)
+                    .await?
+            }
+            None => c.subscribe(&opts.stuck_filter, opts.stuck_qos).await?,
+        }
+        stuck.push(c);
+    }
+    Ok(stuck)
+}
+
 /// Connect `n` clients with at most `concurrency` handshakes at once.
 async fn connect_many(
     opts: &BenchOpts,
@@ -500,21 +540,7 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         .map(|pid| rss::spawn_sampler(pid, stop_rss_rx));
 
     // Stuck subscribers: subscribed, then never read from again (held until the end).
-    let mut stuck = Vec::with_capacity(opts.stuck_subscribers);
-    for i in 0..opts.stuck_subscribers {
-        let id = client_id("stuck", i);
-        let mut c = Conn::open_with_expiry(
-            &opts.addr(),
-            version,
-            &id,
-            opts.keepalive,
-            4096,
-            opts.stuck_session_expiry,
-        )
-        .await?;
-        c.subscribe(&opts.stuck_filter, opts.stuck_qos).await?;
-        stuck.push(c);
-    }
+    let stuck = connect_stuck(opts).await?;
 
     // Subscribers first, all subscribed before anything is published.
     let mut subs = tokio::time::timeout_at(

@@ -31,26 +31,6 @@ pub struct ReplayReport {
     pub rss_growth_kb: Option<u64>,
 }
 
-/// SUBSCRIBE (v5) to `filter` with one user property.
-fn subscribe_with_property(buf: &mut BytesMut, pid: u16, filter: &str, qos: u8, k: &str, v: &str) {
-    let props_len = 1 + 2 + k.len() + 2 + v.len();
-    let mut props_hdr = BytesMut::new();
-    mqtt::put_varint(&mut props_hdr, props_len);
-    let rl = 2 + props_hdr.len() + props_len + 2 + filter.len() + 1;
-    buf.put_u8((8 << 4) | 0x02);
-    mqtt::put_varint(buf, rl);
-    buf.put_u16(pid);
-    buf.put_slice(&props_hdr);
-    buf.put_u8(0x26);
-    for s in [k, v] {
-        buf.put_u16(s.len() as u16);
-        buf.put_slice(s.as_bytes());
-    }
-    buf.put_u16(filter.len() as u16);
-    buf.put_slice(filter.as_bytes());
-    buf.put_u8(qos & 0x03);
-}
-
 pub async fn run(opts: &BenchOpts, stream: &str) -> anyhow::Result<BenchReport> {
     let mut report = BenchReport::empty(opts, "stream-replay");
     let t0 = Instant::now();
@@ -68,7 +48,7 @@ pub async fn run(opts: &BenchOpts, stream: &str) -> anyhow::Result<BenchReport> 
     .await?;
     let mut out = BytesMut::new();
     let filter = format!("$stream/{stream}");
-    subscribe_with_property(
+    mqtt::subscribe_with_property(
         &mut out,
         1,
         &filter,

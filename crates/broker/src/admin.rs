@@ -106,6 +106,7 @@ impl AdminBackend for BrokerAdmin {
         let b = &self.broker;
         let st = &b.stats;
         let streams = serde_json::to_value(b.streams.stats()).unwrap_or(Value::Null);
+        let q = &b.queue_budget;
         json!({
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_s": b.started.elapsed().as_secs(),
@@ -119,6 +120,14 @@ impl AdminBackend for BrokerAdmin {
                 "auth_failures": st.auth_failures.load(Ordering::Relaxed),
                 "sessions": b.session_count(),
                 "retained": b.retained_count(),
+            },
+            "queues": {
+                "queued_bytes": q.used(),
+                "queued_bytes_max_total": q.max(),
+                "spilled": q.spilled.load(Ordering::Relaxed),
+                "dropped_qos0": q.dropped_qos0.load(Ordering::Relaxed),
+                "dropped_queue_full": q.dropped_queue_full.load(Ordering::Relaxed),
+                "slow_consumers_disconnected": q.slow_consumers_disconnected.load(Ordering::Relaxed),
             },
             "streams": streams,
         })
