@@ -1,8 +1,8 @@
 //! The lite-topic layer (`/work/shared/spec/lite.md`, docs/lanes.md) against an in-process
 //! server with raw MQTT 5 clients: lanes and their offsets, groups over `$share`, one batch
 //! in flight, commits, suspend / retry / reject and the dead-letter topic, redelivery on
-//! member loss and on session resume, exclusive mode, key and quota refusals, TTL expiry,
-//! `lane-offset` starts and plain one-lane replays.
+//! member loss, on session resume and at the ack timeout (stuck members), exclusive mode,
+//! key and quota refusals, TTL expiry, `lane-offset` starts and plain one-lane replays.
 //! Restarts and kill -9: tests/lanes_restart.rs.
 #![allow(clippy::unwrap_used)]
 
