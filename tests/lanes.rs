@@ -586,6 +586,24 @@ fn load(a: &std::sync::atomic::AtomicU64) -> u64 {
     a.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The members of group `group` (parent "agents") marked stuck, as the REST API shows them.
+async fn stuck_members(s: &TestServer, group: &'static str) -> Vec<String> {
+    let lite = &s.server().broker().lite;
+    let parent = lite
+        .engine
+        .parents()
+        .iter()
+        .find(|p| p.def.name == "agents")
+        .unwrap()
+        .id;
+    let groups = lite.query(move |d| d.groups_of(parent)).unwrap();
+    groups
+        .into_iter()
+        .find(|g| g.group == group)
+        .unwrap()
+        .stuck_members
+}
+
 /// Every PUBLISH that arrives within `ms` (none acknowledged).
 async fn collect(c: &mut RawClient, ms: u64) -> Vec<Publish> {
     let deadline = Instant::now() + Duration::from_millis(ms);
@@ -639,6 +657,7 @@ async fn ack_timeout_hands_a_stuck_members_batch_to_another_member_with_dup() {
     assert!(moved.iter().all(|m| m.dup), "handed over with DUP=1");
     assert_eq!(lite_counter(&s, |c| load(&c.ack_timeouts)), 1);
     assert_eq!(lite_counter(&s, |c| load(&c.redelivered)), 3);
+    assert_eq!(stuck_members(&s, "g").await, ["stuck"]);
     // The lane keeps flowing to the healthy member; the stuck one gets nothing new (neither
     // of this lane nor of others), and nothing of its batch again.
     publish(&mut p, "agents/k/x", "m3").await;
@@ -685,6 +704,7 @@ async fn ack_timeout_hands_a_stuck_members_batch_to_another_member_with_dup() {
         got_stuck > 0,
         "the member that showed life got no lane again"
     );
+    assert!(stuck_members(&s, "g").await.is_empty());
     // Nothing lost, nothing twice.
     ok.expect_nothing(QUIET_MS).await;
     stuck.expect_nothing(50).await;

@@ -492,6 +492,8 @@ fn lanes_schemas(s: &mut Value) {
             "group": { "type": "string" },
             "members": { "type": "array", "items": { "type": "string" }, "description": "client ids" },
             "online_members": { "type": "integer" },
+            "stuck_members": { "type": "array", "items": { "type": "string" },
+                               "description": "client ids marked stuck: a batch not acknowledged within ack_timeout_ms, no PUBACK or new connection since" },
             "active_lanes": { "type": "integer", "description": "lanes with an open batch" },
             "inflight": { "type": "integer" } } }),
         ),

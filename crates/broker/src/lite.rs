@@ -391,6 +391,9 @@ pub struct GroupInfo {
     pub group: String,
     pub members: Vec<String>,
     pub online_members: usize,
+    /// Members marked stuck (a batch not acknowledged within `ack_timeout_ms`, no PUBACK
+    /// or new connection since).
+    pub stuck_members: Vec<String>,
     pub active_lanes: usize,
     pub inflight: usize,
 }
@@ -1402,6 +1405,12 @@ impl Dispatcher {
                 group: g.name.to_string(),
                 members: g.members.iter().map(|m| m.client.to_string()).collect(),
                 online_members: g.members.iter().filter(|m| m.session.is_online()).count(),
+                stuck_members: g
+                    .members
+                    .iter()
+                    .filter(|m| m.session.is_lane_stuck())
+                    .map(|m| m.client.to_string())
+                    .collect(),
                 active_lanes: g.runs.values().filter(|r| r.batch.is_some()).count(),
                 inflight: g.outstanding.values().sum(),
             })
@@ -1413,6 +1422,7 @@ impl Dispatcher {
                     group: name,
                     members: Vec::new(),
                     online_members: 0,
+                    stuck_members: Vec::new(),
                     active_lanes: 0,
                     inflight: 0,
                 });
