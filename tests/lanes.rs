@@ -1,8 +1,8 @@
 //! The lite-topic layer (`/work/shared/spec/lite.md`, docs/lanes.md) against an in-process
 //! server with raw MQTT 5 clients: lanes and their offsets, groups over `$share`, one batch
 //! in flight, commits, suspend / retry / reject and the dead-letter topic, redelivery on
-//! member loss and on session resume, exclusive mode, key and quota refusals, TTL expiry,
-//! `lane-offset` starts and plain one-lane replays.
+//! member loss, on session resume and at the ack timeout (stuck members), exclusive mode,
+//! key and quota refusals, TTL expiry, `lane-offset` starts and plain one-lane replays.
 //! Restarts and kill -9: tests/lanes_restart.rs.
 #![allow(clippy::unwrap_used)]
 
@@ -576,4 +576,277 @@ async fn rumqttc_worker_pool_consumes_every_lane_in_order() {
     for (i, n) in per_member.iter().enumerate() {
         assert!(*n > 0, "member {i} got no lane: {per_member:?}");
     }
+}
+
+fn lite_counter(s: &TestServer, f: impl Fn(&lanemq_lite::engine::Counters) -> u64) -> u64 {
+    f(&s.server().broker().lite.engine.counters)
+}
+
+fn load(a: &std::sync::atomic::AtomicU64) -> u64 {
+    a.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The members of group `group` (parent "agents") marked stuck, as the REST API shows them.
+async fn stuck_members(s: &TestServer, group: &'static str) -> Vec<String> {
+    let lite = &s.server().broker().lite;
+    let parent = lite
+        .engine
+        .parents()
+        .iter()
+        .find(|p| p.def.name == "agents")
+        .unwrap()
+        .id;
+    let groups = lite.query(move |d| d.groups_of(parent)).unwrap();
+    groups
+        .into_iter()
+        .find(|g| g.group == group)
+        .unwrap()
+        .stuck_members
+}
+
+/// Every PUBLISH that arrives within `ms` (none acknowledged).
+async fn collect(c: &mut RawClient, ms: u64) -> Vec<Publish> {
+    let deadline = Instant::now() + Duration::from_millis(ms);
+    let mut out = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match c.try_recv(left).await {
+            Ok(Packet::Publish(p)) => out.push(p),
+            Ok(other) => panic!("expected PUBLISH, got {other:?}"),
+            Err(_) => return out,
+        }
+    }
+}
+
+#[tokio::test]
+async fn ack_timeout_hands_a_stuck_members_batch_to_another_member_with_dup() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.ack_timeout_ms = 300;
+    let s = server(vec![def]).await;
+    let mut p = s.v5("pub").await;
+    for i in 0..3 {
+        publish(&mut p, "agents/k/x", &format!("m{i}")).await;
+    }
+    // The stuck member is alone at first: it gets the whole batch and never acknowledges it.
+    let t0 = Instant::now();
+    let mut stuck = s.v5("stuck").await;
+    join(&mut stuck, "$share/g/agents/+/#").await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(stuck.recv_publish().await);
+    }
+    assert_eq!(held.iter().map(offset_of).collect::<Vec<_>>(), [0, 1, 2]);
+    assert!(held.iter().all(|m| !m.dup));
+    let mut ok = s.v5("ok").await;
+    join(&mut ok, "$share/g/agents/+/#").await;
+    // At the deadline the batch goes to the other member, in lane order, with DUP=1.
+    let mut moved = Vec::new();
+    for _ in 0..3 {
+        moved.push(ok.recv_publish_ack().await);
+    }
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "taken back after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(moved.iter().map(offset_of).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(
+        moved.iter().map(body).collect::<Vec<_>>(),
+        ["m0", "m1", "m2"]
+    );
+    assert!(moved.iter().all(|m| m.dup), "handed over with DUP=1");
+    assert_eq!(lite_counter(&s, |c| load(&c.ack_timeouts)), 1);
+    assert_eq!(lite_counter(&s, |c| load(&c.redelivered)), 3);
+    assert_eq!(stuck_members(&s, "g").await, ["stuck"]);
+    // The lane keeps flowing to the healthy member; the stuck one gets nothing new (neither
+    // of this lane nor of others), and nothing of its batch again.
+    publish(&mut p, "agents/k/x", "m3").await;
+    let m = ok.recv_publish_ack().await;
+    assert_eq!((lane_of(&m), offset_of(&m), m.dup), ("k".into(), 3, false));
+    for l in ["l1", "l2", "l3", "l4"] {
+        publish(&mut p, &format!("agents/{l}/x"), "n0").await;
+    }
+    let mut lanes: Vec<String> = Vec::new();
+    for _ in 0..4 {
+        let m = ok.recv_publish_ack().await;
+        assert!(!m.dup);
+        lanes.push(lane_of(&m));
+    }
+    lanes.sort();
+    assert_eq!(lanes, ["l1", "l2", "l3", "l4"]);
+    stuck.expect_nothing(QUIET_MS).await;
+    // A PUBACK (here for a packet id that was taken back) shows life: it gets batches again.
+    puback(&mut stuck, held[0].packet_id, 0, &[]).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut got_stuck = 0;
+    for i in 0..6 {
+        publish(&mut p, &format!("agents/n{i}/x"), "n0").await;
+    }
+    let deadline = Instant::now() + Duration::from_millis(RECV_MS);
+    let mut total = 0;
+    while total < 6 && Instant::now() < deadline {
+        // (recv_publish is cancel-safe; the PUBACK is sent after the select.)
+        let (from_stuck, m) = tokio::select! {
+            m = stuck.recv_publish() => (true, m),
+            m = ok.recv_publish() => (false, m),
+        };
+        assert!(!m.dup);
+        total += 1;
+        if from_stuck {
+            got_stuck += 1;
+            puback(&mut stuck, m.packet_id, 0, &[]).await;
+        } else {
+            puback(&mut ok, m.packet_id, 0, &[]).await;
+        }
+    }
+    assert_eq!(total, 6);
+    assert!(
+        got_stuck > 0,
+        "the member that showed life got no lane again"
+    );
+    assert!(stuck_members(&s, "g").await.is_empty());
+    // Nothing lost, nothing twice.
+    ok.expect_nothing(QUIET_MS).await;
+    stuck.expect_nothing(50).await;
+}
+
+#[tokio::test]
+async fn ack_timeouts_count_attempts_up_to_the_dead_letter_topic() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.ack_timeout_ms = 300;
+    def.max_attempts = 2;
+    let s = server(vec![def]).await;
+    let mut dlq = s.v5("dlq").await;
+    dlq.subscribe("$dlq/#", QoS::AtLeastOnce).await;
+    let mut members = Vec::new();
+    for id in ["ma", "mb", "mc"] {
+        let mut c = s.v5(id).await;
+        join(&mut c, "$share/g/agents/+/#").await;
+        members.push(c);
+    }
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/d/x", "never-acked").await;
+    // Nobody acknowledges: one member, then (timeout, attempt 1) another with DUP=1, then
+    // (timeout, attempt 2 = max_attempts) the dead-letter topic.
+    let d = dlq.recv_publish_ack().await;
+    assert_eq!(d.topic, "$dlq/g/agents/d/x");
+    assert_eq!(body(&d), "never-acked");
+    assert_eq!(user_prop(&d, "lane-offset"), Some("0"));
+    assert_eq!(user_prop(&d, "attempts"), Some("2"));
+    assert_eq!(user_prop(&d, "reason"), Some("max_attempts"));
+    let mut got = Vec::new();
+    for (i, c) in members.iter_mut().enumerate() {
+        for m in collect(c, 100).await {
+            assert_eq!((body(&m), offset_of(&m)), ("never-acked".into(), 0));
+            got.push((i, m.dup));
+        }
+    }
+    got.sort_by_key(|(_, dup)| *dup);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!((got[0].1, got[1].1), (false, true), "{got:?}");
+    assert_ne!(
+        got[0].0, got[1].0,
+        "never resent to the same member: {got:?}"
+    );
+    assert_eq!(lite_counter(&s, |c| load(&c.ack_timeouts)), 2);
+    assert_eq!(lite_counter(&s, |c| load(&c.dead_lettered)), 1);
+    // Committed: the next message goes to the one member that is not stuck.
+    let fresh = (0..3).find(|i| got.iter().all(|(j, _)| j != i)).unwrap();
+    publish(&mut p, "agents/d/x", "next").await;
+    let m = members[fresh].recv_publish_ack().await;
+    assert_eq!((body(&m), offset_of(&m), m.dup), ("next".into(), 1, false));
+    for (i, c) in members.iter_mut().enumerate() {
+        if i != fresh {
+            c.expect_nothing(QUIET_MS).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_lone_stuck_member_keeps_its_batch_and_nothing_is_resent_to_it() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.ack_timeout_ms = 300;
+    def.max_attempts = 1;
+    let s = server(vec![def]).await;
+    let mut w = s.v5("w").await;
+    join(&mut w, "$share/g/agents/+/#").await;
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/a/x", "a0").await;
+    let m = w.recv_publish().await;
+    assert_eq!((body(&m), m.dup), ("a0".into(), false));
+    // Well past the deadline: no resend to the connected holder (MQTT-4.4.0-1), no attempt
+    // counted (max_attempts = 1 would dead-letter it), and as a stuck member it gets no new
+    // lane either.
+    w.expect_nothing(700).await;
+    assert_eq!(lite_counter(&s, |c| load(&c.ack_timeouts)), 1);
+    publish(&mut p, "agents/b/x", "b0").await;
+    publish(&mut p, "agents/a/x", "a1").await;
+    w.expect_nothing(QUIET_MS).await;
+    assert_eq!(lite_counter(&s, |c| load(&c.redelivered)), 0);
+    assert_eq!(lite_counter(&s, |c| load(&c.dead_lettered)), 0);
+    // Its PUBACK commits the held message and clears the mark: both lanes proceed.
+    puback(&mut w, m.packet_id, 0, &[]).await;
+    let mut got: Vec<(String, u64)> = Vec::new();
+    for _ in 0..2 {
+        let m = w.recv_publish_ack().await;
+        assert!(!m.dup);
+        got.push((lane_of(&m), offset_of(&m)));
+    }
+    got.sort();
+    assert_eq!(got, [("a".into(), 1), ("b".into(), 0)]);
+    w.expect_nothing(QUIET_MS).await;
+}
+
+#[tokio::test]
+async fn a_stuck_member_is_cleared_by_a_new_connection_of_its_session() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.ack_timeout_ms = 300;
+    let s = server(vec![def]).await;
+    let mut w = RawClient::connect_ok(s.addr, persistent("w", true)).await;
+    join(&mut w, "$share/g/agents/+/#").await;
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/a/x", "a0").await;
+    let m = w.recv_publish().await;
+    w.expect_nothing(600).await;
+    publish(&mut p, "agents/b/x", "b0").await;
+    w.expect_nothing(QUIET_MS).await;
+    // Reconnect (Clean Start 0): the held message comes again with DUP=1 on the same packet
+    // id (the resume path), and the new lane comes too.
+    drop(w);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut w = RawClient::connect_ok(s.addr, persistent("w", false)).await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let m = w.recv_publish_ack().await;
+        got.push((lane_of(&m), offset_of(&m), m.dup, m.packet_id));
+    }
+    got.sort();
+    assert_eq!(got[0], ("a".into(), 0, true, m.packet_id));
+    assert_eq!((&got[1].0[..], got[1].1, got[1].2), ("b", 0, false));
+    w.expect_nothing(QUIET_MS).await;
+}
+
+#[tokio::test]
+async fn exclusive_lane_moves_from_a_stuck_owner_at_the_ack_timeout() {
+    let mut def = parent("agents", "agents/{lane}/#");
+    def.mode = Mode::Exclusive;
+    def.ack_timeout_ms = 300;
+    let s = server(vec![def]).await;
+    let mut a = s.v5("a").await;
+    join(&mut a, "$share/g/agents/+/#").await;
+    let mut p = s.v5("pub").await;
+    publish(&mut p, "agents/k/x", "m0").await;
+    let held = a.recv_publish().await;
+    let mut b = s.v5("b").await;
+    join(&mut b, "$share/g/agents/+/#").await;
+    let m = b.recv_publish_ack().await;
+    assert_eq!((offset_of(&m), m.dup), (0, true));
+    // b owns the lane now; a keeps getting nothing of it, even once it shows life again.
+    puback(&mut a, held.packet_id, 0, &[]).await;
+    for i in 1..4 {
+        publish(&mut p, "agents/k/x", &format!("m{i}")).await;
+        let m = b.recv_publish_ack().await;
+        assert_eq!((offset_of(&m), m.dup), (i, false));
+    }
+    a.expect_nothing(QUIET_MS).await;
 }

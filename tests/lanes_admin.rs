@@ -259,12 +259,13 @@ async fn parents_are_created_listed_shown_updated_and_deleted_with_json_errors()
         json!({
             "name": "agents", "pattern": "agents/{lane}/#", "key_levels": 1, "ttl_s": 3600,
             "mode": "shared", "max_attempts": 16, "max_lanes": 10_000_000, "max_key_bytes": 64,
-            "batch": 32, "lanes": 0
+            "batch": 32, "ack_timeout_ms": 10_000, "lanes": 0
         })
     );
     let full = json!({
         "name": "jobs", "pattern": "jobs/+/{lane}", "key_levels": 2, "ttl_s": 60,
-        "mode": "exclusive", "max_attempts": 3, "max_lanes": 5, "max_key_bytes": 16, "batch": 4
+        "mode": "exclusive", "max_attempts": 3, "max_lanes": 5, "max_key_bytes": 16, "batch": 4,
+        "ack_timeout_ms": 500
     });
     let mut want = full.clone();
     want["lanes"] = json!(0);
@@ -310,11 +311,13 @@ async fn parents_are_created_listed_shown_updated_and_deleted_with_json_errors()
         .call(
             "POST",
             "/api/v5/lite/parents",
-            Some(json!({ "name": "a b", "pattern": "no-lane/#", "ttl_s": 0, "batch": 0 })),
+            Some(json!({
+                "name": "a b", "pattern": "no-lane/#", "ttl_s": 0, "batch": 0, "ack_timeout_ms": 10
+            })),
         )
         .await;
     let msg = assert_error(st, &v, 400, "BAD_REQUEST");
-    for field in ["name:", "pattern:", "ttl_s:", "batch:"] {
+    for field in ["name:", "pattern:", "ttl_s:", "batch:", "ack_timeout_ms:"] {
         assert!(msg.contains(field), "{field} in {msg}");
     }
     for (body, needle) in [
@@ -391,6 +394,7 @@ async fn parents_are_created_listed_shown_updated_and_deleted_with_json_errors()
     assert_eq!(upd["ttl_s"], 60);
     assert_eq!(upd["mode"], "exclusive");
     assert_eq!(upd["batch"], 32);
+    assert_eq!(upd["ack_timeout_ms"], 10_000);
     let upd = api
         .ok(
             "PUT",

@@ -42,6 +42,7 @@ pub struct LiteMetrics {
     pub suspended: u64,
     pub retried: u64,
     pub redelivered: u64,
+    pub ack_timeouts: u64,
     pub dead_lettered: u64,
     pub committed: u64,
     pub publish_refused: u64,
@@ -52,7 +53,7 @@ pub struct LiteMetrics {
 
 impl LiteMetrics {
     /// `(name, help, value)` of every counter, `lanemq_lite_<name>_total`.
-    fn counters(&self) -> [(&'static str, &'static str, u64); 9] {
+    fn counters(&self) -> [(&'static str, &'static str, u64); 10] {
         [
             (
                 "lanes_created",
@@ -76,8 +77,13 @@ impl LiteMetrics {
             ),
             (
                 "redelivered",
-                "Lane messages delivered again (suspend, retry, or a holder that went away).",
+                "Lane messages delivered again (suspend, retry, a holder that went away or did not acknowledge in time).",
                 self.redelivered,
+            ),
+            (
+                "ack_timeouts",
+                "Lane batches not fully acknowledged within the parent's ack_timeout_ms (holder marked stuck).",
+                self.ack_timeouts,
             ),
             (
                 "dead_lettered",
@@ -469,6 +475,7 @@ mod tests {
             "suspended",
             "retried",
             "redelivered",
+            "ack_timeouts",
             "dead_lettered",
             "committed",
             "publish_refused",

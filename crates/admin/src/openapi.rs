@@ -422,7 +422,9 @@ fn lanes_schemas(s: &mut Value) {
         "max_key_bytes": { "type": "integer", "minimum": 1, "maximum": 65535, "default": 64,
                            "description": "a longer key is refused (PUBACK 0x90)" },
         "batch": { "type": "integer", "minimum": 1, "maximum": 1024, "default": 32,
-                   "description": "messages of one lane in flight to one member at once" }
+                   "description": "messages of one lane in flight to one member at once" },
+        "ack_timeout_ms": { "type": "integer", "minimum": 0, "maximum": 86400000, "default": 10000,
+                            "description": "a batch not fully acknowledged this long after it was handed to a member goes to another online member with DUP=1 (one attempt counted) and the holder gets no new batches until it sends a PUBACK or reconnects; 0 (off) or 50 to 86400000" }
     });
     let mut info = def.clone();
     info["lanes"] = json!({ "type": "integer", "description": "lanes the parent holds" });
@@ -490,6 +492,8 @@ fn lanes_schemas(s: &mut Value) {
             "group": { "type": "string" },
             "members": { "type": "array", "items": { "type": "string" }, "description": "client ids" },
             "online_members": { "type": "integer" },
+            "stuck_members": { "type": "array", "items": { "type": "string" },
+                               "description": "client ids marked stuck: a batch not acknowledged within ack_timeout_ms, no PUBACK or new connection since" },
             "active_lanes": { "type": "integer", "description": "lanes with an open batch" },
             "inflight": { "type": "integer" } } }),
         ),

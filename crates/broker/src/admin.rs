@@ -241,6 +241,7 @@ impl AdminBackend for BrokerAdmin {
             suspended: n(&c.suspended),
             retried: n(&c.retried),
             redelivered: n(&c.redelivered),
+            ack_timeouts: n(&c.ack_timeouts),
             dead_lettered: n(&c.dead_lettered),
             committed: n(&c.committed),
             publish_refused: n(&c.publish_refused),

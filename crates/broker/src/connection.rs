@@ -771,7 +771,8 @@ impl Conn {
                     }
                 }
             };
-            let (p, new_alias) = self.build_publish(&d, pid, false, now);
+            let dup = d.lane.is_some_and(|t| t.dup);
+            let (p, new_alias) = self.build_publish(&d, pid, dup, now);
             let packet = Packet::Publish(p);
             if encoded_len(&packet, self.version) > self.client_max_packet {
                 // [MQTT-3.1.2-25]: discard as if delivered.
@@ -977,6 +978,10 @@ impl Conn {
                     self.broker
                         .lite
                         .ack(t, r.reason_code, &r.properties.user_properties);
+                }
+                // Any PUBACK (even for a revoked packet id) clears a lane stuck mark.
+                if self.session.clear_lane_stuck() {
+                    self.broker.lite.alive(self.session.clone());
                 }
                 self.forget(done.as_ref());
                 Ok(())

@@ -12,9 +12,15 @@
 //! Acks (PUBACK of a lane delivery): 0x00 commits; 0x00 with `lane-suspend-ms=N` pauses the
 //! lane for N ms (no commit, no attempt); `lane-retry-ms=N` the same, counting an attempt
 //! (at `max_attempts` the message is dead-lettered); >= 0x80 dead-letters it to
-//! `$dlq/<group>/<topic>` and commits. Redelivery follows MQTT-4.4.0-1: never on a timer to a
-//! connected client; the batch of a member whose connection is gone is handed to another
-//! online member as new PUBLISH packets, or resent with DUP=1 when the member resumes.
+//! `$dlq/<group>/<topic>` and commits. Redelivery follows MQTT-4.4.0-1: never on a timer to
+//! the same connected client. The batch of a member whose connection is gone is handed to
+//! another online member as new PUBLISH packets, or resent with DUP=1 when the member resumes.
+//! A batch not fully acknowledged within the parent's `ack_timeout_ms` of being handed to a
+//! member's session is taken back from that (still connected) member and handed to another
+//! online member with DUP=1, counting one attempt (at `max_attempts`: dead-lettered); the
+//! holder is marked stuck (no new batches) until it sends a PUBACK or connects again. With no
+//! other member to take it, the batch stays where it is (nothing is resent to the holder).
+//! Ack deadlines sit in a heap like the pause timers: no scan of the batches.
 
 use crate::broker::Broker;
 use crate::message::{Delivery, Message, NOT_STORED};
@@ -41,6 +47,8 @@ const RECENT_PER_LANE: usize = 64;
 const RECENT_LANES_MAX: usize = 262_144;
 /// Shortest pause of `lane-suspend-ms` / `lane-retry-ms`.
 pub const SUSPEND_MIN_MS: u64 = 50;
+/// Ack deadline entries kept before stale ones are compacted away (at least).
+const DEADLINES_MIN_CAP: usize = 4096;
 
 /// A lane delivery's link back to its group, lane, offset and batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +57,8 @@ pub struct LaneTag {
     pub lane: u64,
     pub offset: u64,
     pub epoch: u64,
+    /// Sent with DUP=1: taken back from a member that did not acknowledge it in time.
+    pub dup: bool,
 }
 
 /// Where a new group starts.
@@ -136,6 +146,8 @@ pub enum Event {
     },
     Offline(Arc<Session>),
     Online(Arc<Session>),
+    /// A member marked stuck sent a PUBACK (the connection cleared the mark).
+    Alive(Arc<Session>),
     Ended(Arc<Session>),
     Ack {
         tag: LaneTag,
@@ -206,6 +218,8 @@ impl Lite {
             next_group: 1,
             next_epoch: 1,
             timers: BinaryHeap::new(),
+            deadlines: BinaryHeap::new(),
+            deadlines_cap: DEADLINES_MIN_CAP,
             dirty: Vec::new(),
             recent: HashMap::new(),
             unflushed: false,
@@ -281,6 +295,11 @@ impl Lite {
         });
     }
 
+    /// A member marked stuck showed life (a PUBACK, whatever its packet id).
+    pub fn alive(&self, s: Arc<Session>) {
+        self.send(Event::Alive(s));
+    }
+
     /// A lane delivery finished without a PUBACK (QoS 0 written, expired, too large).
     pub fn done(&self, tag: LaneTag) {
         self.send(Event::Ack {
@@ -310,6 +329,8 @@ struct Run {
     attempts: HashMap<u64, u32>,
     /// Offsets above the committed one already finished.
     done: BTreeSet<u64>,
+    /// Offsets taken back at the ack timeout: their next delivery carries DUP=1.
+    redo: BTreeSet<u64>,
 }
 
 impl Run {
@@ -318,6 +339,7 @@ impl Run {
             && self.paused_until.is_none()
             && self.attempts.is_empty()
             && self.done.is_empty()
+            && self.redo.is_empty()
     }
 }
 
@@ -327,6 +349,9 @@ struct Batch {
     epoch: u64,
     /// Offsets delivered and not yet answered.
     open: Vec<u64>,
+    /// Its ack deadline passed while no other member could take it: it moves as soon as one
+    /// can (a member joins, comes online or shows life).
+    overdue: bool,
 }
 
 struct Group {
@@ -366,6 +391,9 @@ pub struct GroupInfo {
     pub group: String,
     pub members: Vec<String>,
     pub online_members: usize,
+    /// Members marked stuck (a batch not acknowledged within `ack_timeout_ms`, no PUBACK
+    /// or new connection since).
+    pub stuck_members: Vec<String>,
     pub active_lanes: usize,
     pub inflight: usize,
 }
@@ -382,6 +410,11 @@ pub struct Dispatcher {
     next_group: u64,
     next_epoch: u64,
     timers: BinaryHeap<Reverse<(Instant, u64, u64)>>,
+    /// Ack deadlines of batches: (deadline, group, lane, batch epoch). An entry of a batch
+    /// answered in time is dropped when it comes up, or by a compaction once the heap holds
+    /// more stale entries than `deadlines_cap` allows.
+    deadlines: BinaryHeap<Reverse<(Instant, u64, u64, u64)>>,
+    deadlines_cap: usize,
     dirty: Vec<(u64, Arc<str>, u64)>,
     /// The newest indexed entries of lanes that groups consume: the live path reads them here
     /// instead of from sled.
@@ -400,6 +433,9 @@ impl Dispatcher {
                 .sweep_interval
                 .min(self.settings.flush_interval);
             if let Some(Reverse((t, _, _))) = self.timers.peek() {
+                wait = wait.min(t.saturating_duration_since(now));
+            }
+            if let Some(Reverse((t, _, _, _))) = self.deadlines.peek() {
                 wait = wait.min(t.saturating_duration_since(now));
             }
             if self.engine.has_pending() {
@@ -430,6 +466,7 @@ impl Dispatcher {
             }
             self.index();
             self.fire_timers();
+            self.fire_deadlines();
             self.dispatch_ready();
             if last_flush.elapsed() >= self.settings.flush_interval {
                 last_flush = Instant::now();
@@ -455,6 +492,7 @@ impl Dispatcher {
             Event::Leave { client, filter } => self.leave(&client, Some(&filter)),
             Event::Offline(s) => self.offline(&s),
             Event::Online(s) => self.online(&s),
+            Event::Alive(s) => self.alive(&s),
             Event::Ended(s) => self.leave(&s.client_id, None),
             Event::Ack {
                 tag,
@@ -694,8 +732,16 @@ impl Dispatcher {
         }
     }
 
-    /// A member came (back) online: batches held by offline members can move to it.
+    /// A member came (back) online: a new connection clears its stuck mark, and batches held
+    /// by offline members (or overdue ones) can move to it.
     fn online(&mut self, s: &Arc<Session>) {
+        s.set_lane_stuck(false);
+        self.alive(s);
+    }
+
+    /// A member can take batches again (online, or its stuck mark cleared): batches held by
+    /// offline members or overdue, and lanes that found no member, can go to it.
+    fn alive(&mut self, s: &Arc<Session>) {
         let gids: Vec<u64> = self
             .groups
             .values()
@@ -719,14 +765,141 @@ impl Dispatcher {
         if !g.members.iter().any(|m| m.session.is_online()) {
             return;
         }
-        let lanes: Vec<u64> = g
-            .runs
-            .iter()
-            .filter(|(_, r)| r.batch.as_ref().is_some_and(|b| !b.session.is_online()))
-            .map(|(l, _)| *l)
-            .collect();
+        let mut overdue = Vec::new();
+        let mut lanes = Vec::new();
+        for (l, r) in &g.runs {
+            match &r.batch {
+                Some(b) if !b.session.is_online() => lanes.push(*l),
+                Some(b) if b.overdue => overdue.push(*l),
+                _ => {}
+            }
+        }
         for lane in lanes {
             release(g, lane, true, &self.engine);
+        }
+        for lane in overdue {
+            self.take_back(gid, lane);
+        }
+    }
+
+    /// The ack deadlines that passed: take those batches back.
+    fn fire_deadlines(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((t, gid, lane, epoch))) = self.deadlines.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.deadlines.pop();
+            self.ack_timeout(gid, lane, epoch);
+        }
+    }
+
+    /// Remember the ack deadline of a batch; compacts stale entries (batches answered in
+    /// time) so the heap stays in proportion to the batches in flight.
+    fn push_deadline(&mut self, t: Instant, gid: u64, lane: u64, epoch: u64) {
+        self.deadlines.push(Reverse((t, gid, lane, epoch)));
+        if self.deadlines.len() <= self.deadlines_cap {
+            return;
+        }
+        let groups = &self.groups;
+        self.deadlines.retain(|Reverse((_, g, l, e))| {
+            groups
+                .get(g)
+                .and_then(|g| g.runs.get(l))
+                .and_then(|r| r.batch.as_ref())
+                .is_some_and(|b| b.epoch == *e && !b.overdue)
+        });
+        self.deadlines_cap = (self.deadlines.len() * 2).max(DEADLINES_MIN_CAP);
+    }
+
+    /// The batch `epoch` of `lane` was not fully acknowledged in time: mark its holder stuck
+    /// and hand the batch to another member if one can take it.
+    fn ack_timeout(&mut self, gid: u64, lane: u64, epoch: u64) {
+        let Some(b) = self
+            .groups
+            .get_mut(&gid)
+            .and_then(|g| g.runs.get_mut(&lane))
+            .and_then(|r| r.batch.as_mut())
+            .filter(|b| b.epoch == epoch && !b.open.is_empty() && !b.overdue)
+        else {
+            return;
+        };
+        b.overdue = true;
+        self.engine
+            .counters
+            .ack_timeouts
+            .fetch_add(1, Ordering::Relaxed);
+        if b.session.is_online() {
+            b.session.set_lane_stuck(true);
+        }
+        debug!(lane, holder = %b.holder, open = b.open.len(), "lane batch not acknowledged in time");
+        self.take_back(gid, lane);
+    }
+
+    /// Hand the overdue batch of `lane` to another member of the group if one is online, not
+    /// stuck and takes the lane: revoke it from the holder (queued and in flight), count one
+    /// attempt per unanswered message (at `max_attempts`: dead-lettered), and make the lane
+    /// ready; its next delivery carries DUP=1. Otherwise the batch stays with its holder.
+    fn take_back(&mut self, gid: u64, lane: u64) {
+        let Some((_, key, _, _)) = self.engine.lane(lane) else {
+            return;
+        };
+        let max_attempts = self
+            .groups
+            .get(&gid)
+            .and_then(|g| self.engine.parent_by_id(g.parent))
+            .map_or(16, |p| p.def.max_attempts);
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        let Some(b) = g.runs.get(&lane).and_then(|r| r.batch.as_ref()) else {
+            return;
+        };
+        let holder = b.holder.clone();
+        let open = b.open.clone();
+        let other = g.members.iter().any(|m| {
+            m.client != holder
+                && fits(&m.sel, &key)
+                && m.session.is_online()
+                && !m.session.is_lane_stuck()
+        });
+        if !other {
+            return;
+        }
+        release(g, lane, true, &self.engine);
+        // Exclusive mode: the stuck owner loses the lane.
+        if g.owners.get(&lane).is_some_and(|o| *o == holder) {
+            g.owners.remove(&lane);
+        }
+        let Some(run) = g.runs.get_mut(&lane) else {
+            return;
+        };
+        let mut dead = Vec::new();
+        for off in open {
+            let attempts = run.attempts.get(&off).copied().unwrap_or(0);
+            if attempts >= max_attempts {
+                run.done.insert(off);
+                dead.push((off, attempts));
+            } else {
+                run.redo.insert(off);
+            }
+        }
+        if dead.is_empty() {
+            return;
+        }
+        let (name, private) = (g.name.clone(), g.private);
+        for (offset, attempts) in dead {
+            let tag = LaneTag {
+                group: gid,
+                lane,
+                offset,
+                epoch: 0,
+                dup: false,
+            };
+            self.dead_letter(&name, private, tag, attempts, "max_attempts");
+        }
+        if let Some(g) = self.groups.get_mut(&gid) {
+            advance(g, lane, &mut self.dirty, &self.engine);
         }
     }
 
@@ -1130,6 +1303,7 @@ impl Dispatcher {
                         lane,
                         offset: seq,
                         epoch,
+                        dup: run.redo.remove(&seq),
                     }),
                 },
             ));
@@ -1148,6 +1322,7 @@ impl Dispatcher {
             session: session.clone(),
             epoch,
             open,
+            overdue: false,
         });
         if parent.def.mode == Mode::Exclusive {
             g.owners.insert(lane, client.clone());
@@ -1160,6 +1335,9 @@ impl Dispatcher {
         if !ok {
             // The session ended under us: the batch goes back.
             release(g, lane, false, &self.engine);
+        } else if parent.def.ack_timeout_ms > 0 {
+            let t = Instant::now() + Duration::from_millis(parent.def.ack_timeout_ms);
+            self.push_deadline(t, gid, lane, epoch);
         }
     }
 
@@ -1227,6 +1405,12 @@ impl Dispatcher {
                 group: g.name.to_string(),
                 members: g.members.iter().map(|m| m.client.to_string()).collect(),
                 online_members: g.members.iter().filter(|m| m.session.is_online()).count(),
+                stuck_members: g
+                    .members
+                    .iter()
+                    .filter(|m| m.session.is_lane_stuck())
+                    .map(|m| m.client.to_string())
+                    .collect(),
                 active_lanes: g.runs.values().filter(|r| r.batch.is_some()).count(),
                 inflight: g.outstanding.values().sum(),
             })
@@ -1238,6 +1422,7 @@ impl Dispatcher {
                     group: name,
                     members: Vec::new(),
                     online_members: 0,
+                    stuck_members: Vec::new(),
                     active_lanes: 0,
                     inflight: 0,
                 });
@@ -1345,6 +1530,9 @@ fn advance(g: &mut Group, lane: u64, dirty: &mut Vec<(u64, Arc<str>, u64)>, engi
             break;
         }
     }
+    if !run.redo.is_empty() {
+        run.redo = run.redo.split_off(&c);
+    }
     if c != c0 {
         engine
             .counters
@@ -1412,12 +1600,19 @@ fn revoke_queued(g: &mut Group, lane: u64, client: &Arc<str>) -> usize {
     n
 }
 
-/// The member to take the next batch of `lane`.
-fn choose(g: &mut Group, lane: u64, key: &str, mode: Mode, window: usize) -> Option<usize> {
-    let fits = |m: &Member| match &m.sel {
+/// Does a member's lane selection take the lane `key`?
+fn fits(sel: &LaneSel, key: &str) -> bool {
+    match sel {
         LaneSel::All => true,
         LaneSel::One(k) => k == key,
-    };
+    }
+}
+
+/// The member to take the next batch of `lane`.
+fn choose(g: &mut Group, lane: u64, key: &str, mode: Mode, window: usize) -> Option<usize> {
+    let takes = |m: &Member| fits(&m.sel, key);
+    // Online and not marked stuck (a batch of it timed out and it has not shown life since).
+    let able = |m: &Member| m.session.is_online() && !m.session.is_lane_stuck();
     let room = |g: &Group, m: &Member| g.outstanding.get(&m.client).copied().unwrap_or(0) < window;
     if mode == Mode::Exclusive {
         if let Some(owner) = g.owners.get(&lane).cloned() {
@@ -1425,10 +1620,10 @@ fn choose(g: &mut Group, lane: u64, key: &str, mode: Mode, window: usize) -> Opt
                 .members
                 .iter()
                 .enumerate()
-                .filter(|(_, m)| m.client == owner && fits(m))
+                .filter(|(_, m)| m.client == owner && takes(m))
                 .max_by_key(|(_, m)| m.joined);
             if let Some((i, m)) = owned {
-                if m.session.is_online() {
+                if able(m) {
                     return room(g, m).then_some(i);
                 }
             }
@@ -1439,7 +1634,7 @@ fn choose(g: &mut Group, lane: u64, key: &str, mode: Mode, window: usize) -> Opt
             .members
             .iter()
             .enumerate()
-            .filter(|(_, m)| matches!(&m.sel, LaneSel::One(k) if k == key) && m.session.is_online())
+            .filter(|(_, m)| matches!(&m.sel, LaneSel::One(k) if k == key) && able(m))
             .max_by_key(|(_, m)| m.joined)
         {
             return room(g, m).then_some(i);
@@ -1453,7 +1648,7 @@ fn choose(g: &mut Group, lane: u64, key: &str, mode: Mode, window: usize) -> Opt
     g.members
         .iter()
         .enumerate()
-        .filter(|(_, m)| fits(m) && m.session.is_online() && room(g, m))
+        .filter(|(_, m)| takes(m) && able(m) && room(g, m))
         .min_by_key(|(i, m)| {
             (
                 g.outstanding.get(&m.client).copied().unwrap_or(0),

@@ -229,6 +229,10 @@ pub struct Session {
     state: Mutex<SessionState>,
     /// Mirror of `state.connected`, readable without the lock (shared-subscription choice).
     online: AtomicBool,
+    /// Set by the lane dispatcher when a lane batch of this session was not acknowledged in
+    /// time (`ack_timeout_ms`): no new lane batches until it shows life (any PUBACK, a new
+    /// connection).
+    lane_stuck: AtomicBool,
 }
 
 impl std::fmt::Debug for Session {
@@ -266,6 +270,7 @@ impl Session {
                 stream_subs: HashMap::new(),
             }),
             online: AtomicBool::new(false),
+            lane_stuck: AtomicBool::new(false),
         }
     }
 
@@ -276,6 +281,20 @@ impl Session {
 
     pub fn is_online(&self) -> bool {
         self.online.load(Ordering::Relaxed)
+    }
+
+    /// Marked stuck by the lane dispatcher (a lane batch timed out).
+    pub fn is_lane_stuck(&self) -> bool {
+        self.lane_stuck.load(Ordering::Relaxed)
+    }
+
+    pub fn set_lane_stuck(&self, stuck: bool) {
+        self.lane_stuck.store(stuck, Ordering::Relaxed);
+    }
+
+    /// Clear the stuck mark; true if it was set (the dispatcher must then be told).
+    pub fn clear_lane_stuck(&self) -> bool {
+        self.lane_stuck.load(Ordering::Relaxed) && self.lane_stuck.swap(false, Ordering::AcqRel)
     }
 
     pub fn set_online(&self, st: &mut SessionState, online: bool) {

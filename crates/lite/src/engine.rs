@@ -128,6 +128,8 @@ pub struct Counters {
     pub suspended: AtomicU64,
     pub retried: AtomicU64,
     pub redelivered: AtomicU64,
+    /// Lane batches not fully acknowledged within their parent's `ack_timeout_ms`.
+    pub ack_timeouts: AtomicU64,
     pub dead_lettered: AtomicU64,
     pub committed: AtomicU64,
 }

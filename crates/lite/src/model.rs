@@ -9,6 +9,12 @@ pub const NAME_LEN_MAX: usize = 64;
 pub const TTL_S_MAX: u64 = 30 * 24 * 3600;
 /// Largest batch accepted.
 pub const BATCH_MAX: u32 = 1024;
+/// Default `ack_timeout_ms` (RocketMQ's stuck-client detection: 10 s).
+pub const ACK_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Shortest `ack_timeout_ms` accepted (other than 0, off).
+pub const ACK_TIMEOUT_MS_MIN: u64 = 50;
+/// Longest `ack_timeout_ms` accepted (1 day).
+pub const ACK_TIMEOUT_MS_MAX: u64 = 86_400_000;
 
 /// How the lanes of a parent are shared among the members of a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -53,6 +59,10 @@ pub struct ParentDef {
     pub max_key_bytes: u32,
     /// Most messages of one lane in flight to one member at once.
     pub batch: u32,
+    /// A batch not fully acknowledged this long after it was handed to a member is taken
+    /// back and handed to another online member (DUP=1, one attempt counted); the holder is
+    /// marked stuck until it shows life. 0: never (only a lost connection frees a batch).
+    pub ack_timeout_ms: u64,
 }
 
 impl Default for ParentDef {
@@ -67,6 +77,7 @@ impl Default for ParentDef {
             max_lanes: 10_000_000,
             max_key_bytes: 64,
             batch: 32,
+            ack_timeout_ms: ACK_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -124,6 +135,16 @@ impl ParentDef {
         }
         if self.batch == 0 || self.batch > BATCH_MAX {
             e.push(verr("batch", format!("must be 1 to {BATCH_MAX}")));
+        }
+        if self.ack_timeout_ms != 0
+            && !(ACK_TIMEOUT_MS_MIN..=ACK_TIMEOUT_MS_MAX).contains(&self.ack_timeout_ms)
+        {
+            e.push(verr(
+                "ack_timeout_ms",
+                format!(
+                    "must be 0 (off) or {ACK_TIMEOUT_MS_MIN} to {ACK_TIMEOUT_MS_MAX} milliseconds"
+                ),
+            ));
         }
         e
     }
@@ -375,9 +396,25 @@ mod tests {
             pattern: "x".into(),
             ttl_s: 0,
             batch: 0,
+            ack_timeout_ms: 10,
             ..Default::default()
         };
         let fields: Vec<String> = bad.validate().into_iter().map(|e| e.field).collect();
-        assert_eq!(fields, ["name", "pattern", "ttl_s", "batch"]);
+        assert_eq!(
+            fields,
+            ["name", "pattern", "ttl_s", "batch", "ack_timeout_ms"]
+        );
+        for ok in [0, ACK_TIMEOUT_MS_MIN, 300, ACK_TIMEOUT_MS_MAX] {
+            let d = ParentDef {
+                ack_timeout_ms: ok,
+                ..d.clone()
+            };
+            assert!(d.validate().is_empty(), "{ok}");
+        }
+        let d = ParentDef {
+            ack_timeout_ms: ACK_TIMEOUT_MS_MAX + 1,
+            ..d
+        };
+        assert_eq!(d.validate()[0].field, "ack_timeout_ms");
     }
 }
