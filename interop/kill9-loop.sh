@@ -37,7 +37,7 @@ trap 'rm -f "$LOG"' EXIT
 
 echo "kill9-loop: $CYCLES cycles against $LANEMQ_BIN (timeout ${TIMEOUT} s)"
 KILL9_CYCLES=$CYCLES timeout "$TIMEOUT" \
-  cargo test --release -p lanemq-tests --test kill9 -- --nocapture 2>&1 | tee "$LOG"
+  cargo test --release -p lanemq-tests --test it kill9:: -- --nocapture 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 
 counts=$(grep -E '^acked=' "$LOG" | tail -n 1)

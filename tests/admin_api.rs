@@ -4,18 +4,16 @@
 //!
 //! ```sh
 //! cargo build -p lanemq          # the child-process tests run the binary
-//! cargo nextest run -p lanemq-tests --test admin_api
+//! cargo nextest run -p lanemq-tests --test it admin_api::
 //! ```
 //!
 //! The binary: `LANEMQ_BIN`, else the newest of target/{release,debug}/lanemq and
 //! `$CARGO_TARGET_DIR`/{release,debug}/lanemq. `KEEP_TMP=1` keeps data dirs and broker logs.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-#[allow(dead_code)] // shared with tests/kill9.rs, tests/durability_restart.rs, ...
-#[path = "common/child.rs"]
-mod child;
+use crate::child;
 
 use common::*;
 use lanemq_admin::client;

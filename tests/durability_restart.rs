@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo build --release -p lanemq
-//! cargo test --release -p lanemq-tests --test durability_restart
+//! cargo test --release -p lanemq-tests --test it durability_restart::
 //! ```
 //!
 //! The binary: `LANEMQ_BIN`, else the newer of `target/release/lanemq` and
@@ -13,7 +13,7 @@
 //! when a test fails).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::{connect_v311, connect_v5, publish, sub_opts, RawClient, RecvError};
 use lanemq_protocol::{Connect, Packet, PubResp, Publish, QoS};
@@ -26,9 +26,7 @@ const NEVER: &str = "[storage]\nfsync = \"never\"\n";
 
 // The child broker (the real binary); the same module as in tests/kill9.rs.
 
-#[allow(dead_code)] // shared by tests/kill9.rs and tests/durability_restart.rs
-#[path = "common/child.rs"]
-mod child;
+use crate::child;
 
 use child::Broker;
 

@@ -2,7 +2,7 @@
 //! Packet Size) and session queue limits.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use lanemq_protocol::reason as rc;

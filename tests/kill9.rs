@@ -16,7 +16,7 @@
 //!
 //! ```sh
 //! cargo build --release -p lanemq
-//! KILL9_CYCLES=3 cargo test --release -p lanemq-tests --test kill9 -- --nocapture
+//! KILL9_CYCLES=3 cargo test --release -p lanemq-tests --test it kill9:: -- --nocapture
 //! ```
 //!
 //! Environment: `KILL9_CYCLES` (default 3), `KILL9_SEED` (replay a run), `LANEMQ_BIN` (else
@@ -53,9 +53,7 @@ const RETAINED_PAYLOAD: &[u8] = b"retained-before-first-kill";
 // ---------------------------------------------------------------------------------------------
 // The child broker (the real binary).
 
-#[allow(dead_code)] // shared by tests/kill9.rs and tests/durability_restart.rs
-#[path = "common/child.rs"]
-mod child;
+use crate::child;
 
 use child::Broker;
 

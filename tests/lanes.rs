@@ -6,7 +6,7 @@
 //! Restarts and kill -9: tests/lanes_restart.rs.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use lanemq_lite::{Mode, ParentDef};

@@ -4,18 +4,16 @@
 //!
 //! ```sh
 //! cargo build -p lanemq          # the command-line test runs the binary
-//! cargo nextest run -p lanemq-tests --test lanes_admin
+//! cargo nextest run -p lanemq-tests --test it lanes_admin::
 //! ```
 //!
 //! The binary: `LANEMQ_BIN`, else the newest of target/{release,debug}/lanemq and
 //! `$CARGO_TARGET_DIR`/{release,debug}/lanemq.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-#[allow(dead_code)] // shared with tests/kill9.rs, tests/admin_api.rs, ...
-#[path = "common/child.rs"]
-mod child;
+use crate::child;
 
 use common::*;
 use lanemq_admin::client;

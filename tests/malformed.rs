@@ -2,7 +2,7 @@
 //! connection with the right DISCONNECT reason code; the broker keeps serving everyone else.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use lanemq_protocol::reason as rc;

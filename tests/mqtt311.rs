@@ -1,7 +1,7 @@
 //! MQTT 3.1.1 (OASIS 2014): CONNECT/CONNACK, sessions, QoS flows, retained, wills, SUBACK.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -1,7 +1,7 @@
 //! MQTT 5.0 section 3.1 / 3.2: CONNECT and CONNACK.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use lanemq_protocol::reason as rc;

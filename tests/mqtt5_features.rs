@@ -2,7 +2,7 @@
 //! acknowledgement / session corner cases (4.3.3, 4.4).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -1,7 +1,7 @@
 //! MQTT 5.0 section 3.3 - 3.7 and 4.3: PUBLISH, the QoS flows, properties, topic aliases.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

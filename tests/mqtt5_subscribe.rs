@@ -2,7 +2,7 @@
 //! filters, `$` topics and retained messages.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use lanemq_protocol::reason as rc;

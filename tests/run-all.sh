@@ -4,9 +4,10 @@
 #   bash tests/run-all.sh
 #
 # Phases: setup (mosquitto clients, interop/.venv with paho-mqtt 2.x, only when missing),
-# fmt, clippy (-D warnings), build (release, all targets, once), unit/integration tests
-# (cargo nextest, else cargo test; same release artifacts), then every interop script
-# interop/*.sh except lib.sh and bench* (each starts its own broker on 127.0.0.1).
+# fmt, clippy (-D warnings), build (profile `ci`: release without LTO, all targets, once),
+# unit/integration tests (cargo nextest, else cargo test; same artifacts), then every interop
+# script interop/*.sh except lib.sh and bench* (each starts its own broker on 127.0.0.1, the
+# binary target/ci/lanemq).
 #
 # Environment:
 #   LANEMQ_TEST_QUICK=1   skip clippy
@@ -84,9 +85,9 @@ setup() {
 
 run_tests() {
   if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --release --no-fail-fast
+    cargo nextest run --workspace --cargo-profile ci --no-fail-fast
   else
-    cargo test --workspace --release --no-fail-fast
+    cargo test --workspace --profile ci --no-fail-fast
   fi
 }
 
@@ -114,15 +115,15 @@ if [ "${LANEMQ_TEST_QUICK:-0}" = 1 ]; then
 else
   phase clippy cargo clippy --workspace --all-targets -- -D warnings || true
 fi
-if ! phase build cargo build --release --workspace --all-targets; then
+if ! phase build cargo build --profile ci --workspace --all-targets; then
   summary
   exit 1
 fi
+export LANEMQ_BIN=$ROOT/target/ci/lanemq
 phase tests run_tests || true
 # The cargo-fuzz targets must keep building (stable toolchain, no instrumentation: running
 # them is crates/fuzz/run.sh's job).
 phase fuzz-build bash -c 'cd crates/fuzz && cargo build --target-dir ../../target/fuzz' || true
-export LANEMQ_BIN=$ROOT/target/release/lanemq
 for s in $(interop_scripts); do
   phase "$(basename "$s" .sh)" timeout "$INTEROP_TIMEOUT" bash "$s" || true
 done

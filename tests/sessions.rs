@@ -2,7 +2,7 @@
 //! expiry, redelivery on resume, and will messages.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -1,7 +1,7 @@
 //! MQTT 5.0 section 4.8.2: shared subscriptions.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use lanemq_protocol::reason as rc;

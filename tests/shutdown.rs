@@ -1,7 +1,7 @@
 //! Graceful shutdown (DISCONNECT 0x8B, MQTT 5.0 section 3.14.2.1) and `$SYS` statistics.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use lanemq_protocol::reason as rc;

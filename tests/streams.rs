@@ -5,7 +5,7 @@
 //! streams, flow control (`read_max_unacked`, Receive Maximum) and a big replay.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use lanemq_protocol::reason as rc;

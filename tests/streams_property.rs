@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo build -p lanemq
-//! cargo nextest run -p lanemq-tests --test streams_property
+//! cargo nextest run -p lanemq-tests --test it streams_property::
 //! ```
 //!
 //! Environment: `PROPTEST_CASES` (default 12), `PROPTEST_RNG_SEED` (default a fixed seed, so a
@@ -60,11 +60,9 @@
 //!   message ends up acknowledged (a withheld PUBACK leads to a redelivery).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-#[allow(dead_code)] // shared with tests/kill9.rs and tests/durability_restart.rs
-#[path = "common/child.rs"]
-mod child;
+use crate::child;
 
 use child::Broker;
 use common::{connect_v5, stream_offset_of, sub_opts, user_prop, RawClient, RecvError};

@@ -5,18 +5,16 @@
 //!
 //! ```sh
 //! cargo build -p lanemq
-//! cargo test -p lanemq-tests --test streams_restart
+//! cargo test -p lanemq-tests --test it streams_restart::
 //! ```
 //!
 //! The binary: `LANEMQ_BIN`, else the newest of target/{release,debug}/lanemq and
 //! `$CARGO_TARGET_DIR`/{release,debug}/lanemq. `KEEP_TMP=1` keeps data dirs and broker logs.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
-#[allow(dead_code)] // shared with tests/kill9.rs and tests/durability_restart.rs
-#[path = "common/child.rs"]
-mod child;
+use crate::child;
 
 use child::Broker;
 use common::{connect_v5, stream_offset_of, sub_opts, user_prop, RawClient};

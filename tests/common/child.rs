@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// The `lanemq` binary: `LANEMQ_BIN`, else the newer of target/{release,debug}/lanemq.
+/// The `lanemq` binary: `LANEMQ_BIN`, else the newest of target/{release,ci,debug}/lanemq.
 pub fn lanemq_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("LANEMQ_BIN") {
         let p = PathBuf::from(p);
@@ -20,11 +20,13 @@ pub fn lanemq_bin() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut candidates = vec![
         root.join("target/release/lanemq"),
+        root.join("target/ci/lanemq"),
         root.join("target/debug/lanemq"),
     ];
     if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
         let t = PathBuf::from(t);
         candidates.push(t.join("release/lanemq"));
+        candidates.push(t.join("ci/lanemq"));
         candidates.push(t.join("debug/lanemq"));
     }
     candidates

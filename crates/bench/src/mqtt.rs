@@ -116,7 +116,14 @@ pub fn subscribe(buf: &mut BytesMut, v: Version, pid: u16, filter: &str, qos: u8
 }
 
 /// SUBSCRIBE (v5) to `filter` with one user property.
-pub fn subscribe_with_property(buf: &mut BytesMut, pid: u16, filter: &str, qos: u8, k: &str, v: &str) {
+pub fn subscribe_with_property(
+    buf: &mut BytesMut,
+    pid: u16,
+    filter: &str,
+    qos: u8,
+    k: &str,
+    v: &str,
+) {
     let props_len = 1 + 2 + k.len() + 2 + v.len();
     let mut props_hdr = BytesMut::new();
     put_varint(&mut props_hdr, props_len);

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
