@@ -6,7 +6,7 @@
 mod common;
 
 #[path = "common/child.rs"]
-#[allow(dead_code)] // each module uses a part of it
+#[allow(dead_code, clippy::unwrap_used)] // each module uses a part of it
 mod child;
 
 mod admin_api;
