@@ -10,7 +10,8 @@
 #   KILL9_CYCLES=100     cycles (the test command's cargo test run uses the default 3)
 #   KILL9_SEED=N         replay the kill delays of an earlier run (printed at the start)
 #   KILL9_TIMEOUT=850    seconds for the whole run (tests/run-all.sh allows 900 per script)
-#   LANEMQ_BIN           broker binary (default: target/release/lanemq, built if missing)
+#   LANEMQ_BIN           broker binary (default: target/ci/lanemq, built if missing)
+#   KILL9_PROFILE=ci     cargo profile of the test binary (ci: the test command's artifacts)
 #   KEEP_TMP=1           keep the data dir and broker log (always kept on failure)
 set -uo pipefail
 
@@ -19,15 +20,17 @@ cd "$ROOT" || exit 2
 CYCLES=${KILL9_CYCLES:-100}
 TIMEOUT=${KILL9_TIMEOUT:-850}
 
+PROFILE=${KILL9_PROFILE:-ci}
+
 if [ -z "${LANEMQ_BIN:-}" ]; then
-  LANEMQ_BIN=$ROOT/target/release/lanemq
+  LANEMQ_BIN=$ROOT/target/$PROFILE/lanemq
   if [ ! -x "$LANEMQ_BIN" ]; then
-    echo "building the broker: cargo build --release -p lanemq"
-    cargo build --release -p lanemq || exit 2
+    echo "building the broker: cargo build --profile $PROFILE -p lanemq"
+    cargo build --profile "$PROFILE" -p lanemq || exit 2
   fi
 fi
 if [ ! -x "$LANEMQ_BIN" ]; then
-  echo "broker binary $LANEMQ_BIN not found: cargo build --release -p lanemq" >&2
+  echo "broker binary $LANEMQ_BIN not found: cargo build --profile $PROFILE -p lanemq" >&2
   exit 2
 fi
 export LANEMQ_BIN
@@ -37,7 +40,7 @@ trap 'rm -f "$LOG"' EXIT
 
 echo "kill9-loop: $CYCLES cycles against $LANEMQ_BIN (timeout ${TIMEOUT} s)"
 KILL9_CYCLES=$CYCLES timeout "$TIMEOUT" \
-  cargo test --release -p lanemq-tests --test it kill9:: -- --nocapture 2>&1 | tee "$LOG"
+  cargo test --profile "$PROFILE" -p lanemq-tests --test it kill9:: -- --nocapture 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 
 counts=$(grep -E '^acked=' "$LOG" | tail -n 1)
