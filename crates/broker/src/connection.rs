@@ -168,6 +168,8 @@ struct RateLimit {
     per_s: f64,
     tokens: f64,
     last: Instant,
+    /// The budget ran out and has not refilled to 10 ms worth yet.
+    paused: bool,
 }
 
 impl RateLimit {
@@ -176,6 +178,7 @@ impl RateLimit {
             per_s: f64::from(per_s),
             tokens: f64::from(per_s),
             last: Instant::now(),
+            paused: false,
         }
     }
 
@@ -184,16 +187,25 @@ impl RateLimit {
         self.tokens -= 1.0;
     }
 
-    /// When reading may resume, if the budget is spent.
+    /// When reading may resume, if the budget is spent. A spent budget waits for 10 ms worth
+    /// of it (at least one message), so a paced connection is served in batches rather than
+    /// one PUBLISH per wake-up (which would also cost the log one write each).
     fn paused_until(&mut self) -> Option<tokio::time::Instant> {
         let now = Instant::now();
         let dt = now.duration_since(self.last).as_secs_f64();
         self.last = now;
         self.tokens = (self.tokens + dt * self.per_s).min(self.per_s);
-        if self.tokens >= 1.0 {
+        let resume_at = if self.paused {
+            (self.per_s / 100.0).max(1.0)
+        } else {
+            1.0
+        };
+        if self.tokens >= resume_at {
+            self.paused = false;
             return None;
         }
-        let wait = (1.0 - self.tokens) / self.per_s;
+        self.paused = true;
+        let wait = (resume_at - self.tokens) / self.per_s;
         Some(tokio::time::Instant::from_std(
             now + Duration::from_secs_f64(wait),
         ))
