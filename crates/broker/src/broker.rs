@@ -117,8 +117,25 @@ impl Broker {
     }
 
     /// Read the messages of spilled queue entries from the log (`None` where a record cannot
-    /// be read: retention removed it, or the log failed; logged).
+    /// be read: retention removed it, or the log failed; logged). Blocking file reads (at
+    /// most 128 records or 64 KiB from a connection): on a multi-thread runtime they run in
+    /// `block_in_place`, so the worker's other tasks move to another thread meanwhile.
     pub fn read_spilled(
+        &self,
+        client: &str,
+        entries: Vec<Spilled>,
+    ) -> Vec<(Spilled, Option<Arc<Message>>)> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let multi =
+            Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+        if multi {
+            tokio::task::block_in_place(|| self.read_spilled_now(client, entries))
+        } else {
+            self.read_spilled_now(client, entries)
+        }
+    }
+
+    fn read_spilled_now(
         &self,
         client: &str,
         entries: Vec<Spilled>,
