@@ -8,6 +8,7 @@ use common::*;
 use lanemq_protocol::reason as rc;
 use lanemq_protocol::{Packet, PubResp, QoS};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 #[tokio::test]
 async fn mqtt5_4_9_0_2_client_receive_maximum_respected() {
@@ -210,6 +211,26 @@ fn healthy_reader(mut c: RawClient, n: usize) -> tokio::task::JoinHandle<Vec<u32
     })
 }
 
+/// A healthy subscriber on `iso/t` and a publisher sending `n` QoS 1 messages there (payload
+/// 4 + `pad` bytes, `window` unacknowledged): every PUBACK is 0x00 and the healthy subscriber
+/// gets every message in order. Returns how long publishing took.
+async fn publish_past_stuck(srv: &TestServer, n: u32, pad: usize, window: usize) -> Duration {
+    let mut healthy = srv.v5("healthy").await;
+    healthy.subscribe("iso/t", QoS::AtLeastOnce).await;
+    let reader = healthy_reader(healthy, n as usize);
+    let mut publ = srv.v5("pub").await;
+    let t0 = std::time::Instant::now();
+    let codes = publ.publish_qos1_pipelined("iso/t", n, pad, window).await;
+    let took = t0.elapsed();
+    assert!(codes.iter().all(|&c| c == 0), "every PUBACK is 0x00");
+    let got = tokio::time::timeout(Duration::from_secs(60), reader)
+        .await
+        .expect("the healthy subscriber received everything")
+        .unwrap();
+    assert_eq!(got, (0..n).collect::<Vec<_>>(), "in order, nothing lost");
+    took
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_qos0_subscriber_does_not_hold_publishers_or_other_subscribers() {
     const N: u32 = 40_000;
@@ -219,19 +240,7 @@ async fn stuck_qos0_subscriber_does_not_hold_publishers_or_other_subscribers() {
     // Subscribes to everything, then never reads again (a SIGSTOPped client).
     let mut stuck = RawClient::connect_small_rcvbuf(srv.addr, connect_v5("stuck")).await;
     stuck.subscribe("#", QoS::AtMostOnce).await;
-    let mut healthy = srv.v5("healthy").await;
-    healthy.subscribe("iso/t", QoS::AtLeastOnce).await;
-    let reader = healthy_reader(healthy, N as usize);
-    let mut publ = srv.v5("pub").await;
-    let t0 = std::time::Instant::now();
-    let codes = publ.publish_qos1_pipelined("iso/t", N, 252, 256).await;
-    let took = t0.elapsed();
-    assert!(codes.iter().all(|&c| c == 0), "every PUBACK is 0x00");
-    let got = tokio::time::timeout(std::time::Duration::from_secs(60), reader)
-        .await
-        .expect("the healthy subscriber received everything")
-        .unwrap();
-    assert_eq!(got, (0..N).collect::<Vec<_>>(), "in order, nothing lost");
+    let took = publish_past_stuck(&srv, N, 252, 256).await;
     let budget = &srv.server().broker().queue_budget;
     assert!(
         budget.dropped_qos0.load(Ordering::Relaxed) > 0,
@@ -264,17 +273,7 @@ async fn stuck_persistent_qos1_subscriber_keeps_its_queue_in_the_log_and_loses_n
     conn.properties.session_expiry_interval = Some(600);
     let mut stuck = RawClient::connect_small_rcvbuf(srv.addr, conn.clone()).await;
     stuck.subscribe("iso/#", QoS::AtLeastOnce).await;
-    let mut healthy = srv.v5("healthy").await;
-    healthy.subscribe("iso/t", QoS::AtLeastOnce).await;
-    let reader = healthy_reader(healthy, N as usize);
-    let mut publ = srv.v5("pub").await;
-    let codes = publ.publish_qos1_pipelined("iso/t", N, 1020, 128).await;
-    assert!(codes.iter().all(|&c| c == 0), "every PUBACK is 0x00");
-    let got = tokio::time::timeout(std::time::Duration::from_secs(60), reader)
-        .await
-        .expect("the healthy subscriber received everything")
-        .unwrap();
-    assert_eq!(got, (0..N).collect::<Vec<_>>());
+    publish_past_stuck(&srv, N, 1020, 128).await;
     let budget = &srv.server().broker().queue_budget;
     assert!(
         budget.spilled.load(Ordering::Relaxed) > 0,

@@ -95,16 +95,7 @@ impl Conn {
         let mut out = BytesMut::new();
         mqtt::subscribe(&mut out, self.version, 1, filter, qos);
         self.wr.write_all(&out).await?;
-        let f = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.next_frame())
-            .await
-            .context("SUBACK timed out")??;
-        match f {
-            Frame::SubAck { worst_reason, .. } if worst_reason < 0x80 => Ok(()),
-            Frame::SubAck { worst_reason, .. } => {
-                bail!("subscribe to {filter} refused: {worst_reason:#x}")
-            }
-            other => bail!("expected SUBACK, got {other:?}"),
-        }
+        self.expect_suback(filter).await
     }
 
     /// SUBSCRIBE (MQTT 5) with one user property and wait for a successful SUBACK.
@@ -116,8 +107,12 @@ impl Conn {
         value: &str,
     ) -> anyhow::Result<()> {
         let mut out = BytesMut::new();
-        mqtt::subscribe_with_property(&mut out, 1, filter, qos, key, value);
+        mqtt::subscribe_v5(&mut out, 1, filter, qos, Some((key, value)));
         self.wr.write_all(&out).await?;
+        self.expect_suback(filter).await
+    }
+
+    async fn expect_suback(&mut self, filter: &str) -> anyhow::Result<()> {
         let f = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.next_frame())
             .await
             .context("SUBACK timed out")??;

@@ -369,28 +369,6 @@ fn put_publish(
     buf.put_slice(filler);
 }
 
-/// SUBSCRIBE (v5) with an optional user property.
-fn put_subscribe(buf: &mut BytesMut, pid: u16, filter: &str, qos: u8, prop: Option<(&str, &str)>) {
-    let props_len = prop.map_or(0, |(k, v)| 1 + 2 + k.len() + 2 + v.len());
-    let mut props_hdr = BytesMut::new();
-    mqtt::put_varint(&mut props_hdr, props_len);
-    let rl = 2 + props_hdr.len() + props_len + 2 + filter.len() + 1;
-    buf.put_u8((mqtt::SUBSCRIBE << 4) | 0x02);
-    mqtt::put_varint(buf, rl);
-    buf.put_u16(pid);
-    buf.put_slice(&props_hdr);
-    if let Some((k, v)) = prop {
-        buf.put_u8(0x26);
-        for s in [k, v] {
-            buf.put_u16(s.len() as u16);
-            buf.put_slice(s.as_bytes());
-        }
-    }
-    buf.put_u16(filter.len() as u16);
-    buf.put_slice(filter.as_bytes());
-    buf.put_u8(qos & 0x03);
-}
-
 struct PubCfg {
     id: usize,
     parent: String,
@@ -1143,7 +1121,7 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         .await
         .context("timed out connecting group members")??;
         let mut out = BytesMut::new();
-        put_subscribe(&mut out, 1, &filter, 1, prop);
+        mqtt::subscribe_v5(&mut out, 1, &filter, 1, prop);
         c.wr.write_all(&out).await?;
         // The SUBACK comes before any delivery of this subscription.
         match tokio::time::timeout(Duration::from_secs(15), c.next_frame())
@@ -1445,7 +1423,7 @@ mod tests {
     #[test]
     fn subscribe_frame_with_property() {
         let mut b = BytesMut::new();
-        put_subscribe(
+        mqtt::subscribe_v5(
             &mut b,
             1,
             "$share/g/agents/+/#",

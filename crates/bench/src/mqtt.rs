@@ -115,27 +115,28 @@ pub fn subscribe(buf: &mut BytesMut, v: Version, pid: u16, filter: &str, qos: u8
     buf.put_u8(qos & 0x03);
 }
 
-/// SUBSCRIBE (v5) to `filter` with one user property.
-pub fn subscribe_with_property(
+/// SUBSCRIBE (v5) with an optional user property.
+pub fn subscribe_v5(
     buf: &mut BytesMut,
     pid: u16,
     filter: &str,
     qos: u8,
-    k: &str,
-    v: &str,
+    prop: Option<(&str, &str)>,
 ) {
-    let props_len = 1 + 2 + k.len() + 2 + v.len();
+    let props_len = prop.map_or(0, |(k, v)| 1 + 2 + k.len() + 2 + v.len());
     let mut props_hdr = BytesMut::new();
     put_varint(&mut props_hdr, props_len);
     let rl = 2 + props_hdr.len() + props_len + 2 + filter.len() + 1;
-    buf.put_u8((8 << 4) | 0x02);
+    buf.put_u8((SUBSCRIBE << 4) | 0x02);
     put_varint(buf, rl);
     buf.put_u16(pid);
     buf.put_slice(&props_hdr);
-    buf.put_u8(0x26);
-    for s in [k, v] {
-        buf.put_u16(s.len() as u16);
-        buf.put_slice(s.as_bytes());
+    if let Some((k, v)) = prop {
+        buf.put_u8(0x26);
+        for s in [k, v] {
+            buf.put_u16(s.len() as u16);
+            buf.put_slice(s.as_bytes());
+        }
     }
     buf.put_u16(filter.len() as u16);
     buf.put_slice(filter.as_bytes());

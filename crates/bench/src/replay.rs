@@ -48,13 +48,12 @@ pub async fn run(opts: &BenchOpts, stream: &str) -> anyhow::Result<BenchReport> 
     .await?;
     let mut out = BytesMut::new();
     let filter = format!("$stream/{stream}");
-    mqtt::subscribe_with_property(
+    mqtt::subscribe_v5(
         &mut out,
         1,
         &filter,
         opts.qos,
-        "stream-offset",
-        &opts.stream_offset,
+        Some(("stream-offset", &opts.stream_offset)),
     );
     c.wr.write_all(&out).await?;
     match tokio::time::timeout(Duration::from_secs(15), c.next_frame())
