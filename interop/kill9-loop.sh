@@ -33,14 +33,24 @@ if [ ! -x "$LANEMQ_BIN" ]; then
   echo "broker binary $LANEMQ_BIN not found: cargo build --profile $PROFILE -p lanemq" >&2
   exit 2
 fi
+# The test runs in the tests/ package directory: the path must not be relative.
+LANEMQ_BIN=$(realpath "$LANEMQ_BIN")
 export LANEMQ_BIN
 
 LOG=$(mktemp "${TMPDIR:-/tmp}/lanemq-kill9-loop.XXXXXX")
 trap 'rm -f "$LOG"' EXIT
 
 echo "kill9-loop: $CYCLES cycles against $LANEMQ_BIN (timeout ${TIMEOUT} s)"
-KILL9_CYCLES=$CYCLES timeout "$TIMEOUT" \
-  cargo test --profile "$PROFILE" -p lanemq-tests --test it kill9:: -- --nocapture 2>&1 | tee "$LOG"
+# With nextest and --workspace the test binary is the one the test command already built (a
+# `cargo test -p lanemq-tests` resolves features differently and rebuilds dependencies).
+if cargo nextest --version >/dev/null 2>&1; then
+  KILL9_CYCLES=$CYCLES timeout "$TIMEOUT" \
+    cargo nextest run --cargo-profile "$PROFILE" --workspace --no-capture \
+    -E 'binary(it) & test(/^kill9::/)' 2>&1 | tee "$LOG"
+else
+  KILL9_CYCLES=$CYCLES timeout "$TIMEOUT" \
+    cargo test --profile "$PROFILE" -p lanemq-tests --test it kill9:: -- --nocapture 2>&1 | tee "$LOG"
+fi
 rc=${PIPESTATUS[0]}
 
 counts=$(grep -E '^acked=' "$LOG" | tail -n 1)
