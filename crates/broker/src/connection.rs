@@ -721,18 +721,9 @@ impl Conn {
         (p, new_alias)
     }
 
-    /// Bring spilled queue entries (log positions) back into memory, reading the log, when
-    /// the in-memory part of the queue runs low. The log is read without the session lock.
+    /// Bring spilled queue entries (log positions) back into memory, reading the log without
+    /// the session lock. [`Conn::drain`] calls it when the in-memory part runs low.
     fn refill(&mut self) {
-        {
-            let st = self.session.lock();
-            if st.spilled.is_empty()
-                || st.queue.len() >= REFILL_LOW
-                || st.generation != self.generation
-            {
-                return;
-            }
-        }
         let entries = self.session.peek_spilled(REFILL_BATCH, REFILL_BYTES_MAX);
         let read = self.broker.read_spilled(&self.client_id, entries);
         let lost = self.session.lock().take_spilled(read);
@@ -744,7 +735,6 @@ impl Conn {
     /// Move deliveries from the session queue into the write buffer, within the inflight
     /// window and the write high-water mark. Returns a kick if the connection must end.
     fn drain(&mut self) -> Option<Kick> {
-        self.refill();
         let now = Instant::now();
         let session = self.session.clone();
         let mut st = session.lock();
@@ -753,6 +743,11 @@ impl Conn {
         }
         if let Some(k) = st.kick.take() {
             return Some(k);
+        }
+        if !st.spilled.is_empty() && st.queue.len() < REFILL_LOW {
+            drop(st);
+            self.refill();
+            st = session.lock();
         }
         let mut sent = 0u64;
         let mut dropped = 0u64;
