@@ -663,6 +663,11 @@ impl Store {
         Ok(sh.committed.load(Ordering::Acquire))
     }
 
+    /// The log's directory (`<data_dir>/log`).
+    pub fn log_dir(&self) -> &Path {
+        &self.inner.shared.log_dir
+    }
+
     /// First offset still stored.
     pub fn first_offset(&self) -> u64 {
         self.shared().first_offset()

@@ -1,36 +1,53 @@
 //! The stream engine: the registry, the indexer that follows the log, retention and readers.
 //!
 //! A stream never copies a regular message: the log holds the message once and each stream
-//! that captures it holds an *entry* (the log offset, the arrival time, the size and the key).
-//! A last-value stream also keeps a copy of the newest record of each key inside its entry,
-//! so last values outlive the log segment that first held them.
+//! that captures it holds an *entry* (the log offset, the arrival time, the size, whether it
+//! has a key). A last-value stream also keeps a copy of the newest record of each key inside
+//! its entry, so last values outlive the log segment that first held them.
 //!
-//! # Layout (one sled tree, `s_streams`; integers big-endian)
+//! # Layout
+//!
+//! A **regular** stream's entries are a dense run in files of its own
+//! (`<data_dir>/streams/<id>/`, 24 bytes an entry, [`crate::entries`]): nothing per message
+//! in sled or in memory. A **last-value** stream's entries live in sled, one per key (plus its
+//! keyless messages), in the tree `s_streams` (integers big-endian):
 //!
 //! | key | value |
 //! |---|---|
 //! | `r` name | registry entry (JSON: definition, id, created_at_us, created_offset) |
 //! | `m` `next_id` | next stream id u64 |
 //! | `m` `settings` | global settings (JSON), once changed at run time |
-//! | `w` | indexer watermark: next log offset to index u64 |
-//! | `e` id u64, offset u64 | entry: ts_us u64, size u32, flags u8, key_len u16, key, [record] |
+//! | `w` | checkpointed watermark: every record below it is in every stream's index u64 |
+//! | `n` id u64 | regular stream checkpoint: head index u64, end index u64 |
+//! | `x` id u64 | last-value stream: next log offset it indexed u64 (written with its entries) |
+//! | `e` id u64, offset u64 | last-value entry: ts_us u64, size u32, flags u8, key_len u16, key, [record] |
 //! | `k` id u64, key | offset u64 of the key's entry (last-value streams) |
 //! | `c` id u64 | counts: messages u64, bytes u64, keyless u64 |
 //! | `d` id u64 | stream deleted, entries not yet purged |
 //!
 //! # Invariants
 //!
-//! - The indexer reads only committed (durable) records, in log order; the entries of one
-//!   log batch, the counts they change and the watermark are written in one atomic sled batch,
-//!   so a crash never counts an entry twice and a restart resumes exactly at the watermark.
+//! - The indexer reads only committed (durable) records, in log order. Every stream skips
+//!   records below its own indexed position (the last entry's offset + 1 for a regular
+//!   stream, `x` for a last-value one), so indexing a record again after a crash never adds
+//!   an entry twice.
+//! - Checkpoint (every [`CHECKPOINT_MS`] and at close): the entry files are fsynced, then the
+//!   regular streams' head, end and counts and the watermark go to sled in one batch, and
+//!   sled is flushed. After a crash, entries past the checkpointed end are cut and the log is
+//!   indexed again from the checkpointed watermark (at most one checkpoint interval). Log
+//!   retention never removes records at or above the checkpointed watermark.
+//! - A last-value stream's entries, counts and `x` are written in one atomic sled batch.
 //! - A stream captures only records at or after its `created_offset` (the log's next offset
 //!   when it was created), so replaying the log after a crash indexes the same records again.
-//! - Entry keys are ordered by log offset, and the indexer only adds entries above every
-//!   offset it indexed before: a reader that moves forward through the entries never misses
-//!   one and never sees one twice (the history-to-live switch needs no special case).
+//! - Entries are ordered by log offset and the indexer only adds entries above every offset
+//!   it indexed before: a reader that moves forward through the entries never misses one and
+//!   never sees one twice (the history-to-live switch needs no special case).
 //! - Expired entries (older than `data_retention_period`) are skipped by readers at once and
 //!   removed by [`Engine::gc`]; count and byte limits are enforced after each indexer batch.
+//! - Index writes (indexer batches, retention, checkpoints, deletion) are serialised by one
+//!   lock, so counts are never updated from a stale copy.
 
+use crate::entries::{Entries, RawEntry, FLAG_HAS_KEY as RAW_HAS_KEY};
 use crate::filter_index::FilterIndex;
 use crate::keyexpr::{KeyExpr, KeyInput};
 use crate::model::{
@@ -41,8 +58,9 @@ use bytes::Bytes;
 use lanemq_store::{record, LogReader, Record, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
@@ -54,6 +72,11 @@ const INDEX_BATCH_BYTES_MAX: usize = 8 << 20;
 const INDEX_TICK_MS: u64 = 20;
 /// Entries removed per sled batch by retention.
 const GC_BATCH_MAX: usize = 10_000;
+/// The indexer checkpoints (fsync of the entry files, then positions and counts to sled) at
+/// least this often while it indexes.
+pub const CHECKPOINT_MS: u64 = 1000;
+/// Entries read per file read by retention.
+const TRIM_CHUNK: usize = 4096;
 /// A reader re-seeks the log instead of skipping forward over more records than this.
 const READ_SKIP_MAX: u64 = 256;
 /// Bytes of an entry value before the key.
@@ -189,16 +212,22 @@ impl Counts {
         }
     }
     fn add(&mut self, e: &Entry) {
+        self.add_raw(e.size, e.key.is_some());
+    }
+    fn sub(&mut self, e: &Entry) {
+        self.sub_raw(e.size, e.key.is_some());
+    }
+    fn add_raw(&mut self, size: u32, keyed: bool) {
         self.messages += 1;
-        self.bytes += u64::from(e.size);
-        if e.key.is_none() {
+        self.bytes += u64::from(size);
+        if !keyed {
             self.keyless += 1;
         }
     }
-    fn sub(&mut self, e: &Entry) {
+    fn sub_raw(&mut self, size: u32, keyed: bool) {
         self.messages = self.messages.saturating_sub(1);
-        self.bytes = self.bytes.saturating_sub(u64::from(e.size));
-        if e.key.is_none() {
+        self.bytes = self.bytes.saturating_sub(u64::from(size));
+        if !keyed {
             self.keyless = self.keyless.saturating_sub(1);
         }
     }
@@ -233,6 +262,11 @@ pub struct StreamHandle {
     pub notify: tokio::sync::Notify,
     deleted: AtomicBool,
     subscribers: AtomicU64,
+    /// A regular stream's entry files (`None` for a last-value stream: sled).
+    entries: Option<Entries>,
+    /// Records below this log offset are indexed already (skipped when the log is indexed
+    /// again after a crash).
+    indexed_to: AtomicU64,
 }
 
 impl StreamHandle {
@@ -303,6 +337,12 @@ pub struct EngineStats {
 pub struct Engine {
     store: Store,
     tree: sled::Tree,
+    /// `<data_dir>/streams`: one directory of entry files per regular stream.
+    dir: PathBuf,
+    /// Serialises index writes: indexer batches, retention, checkpoints, deletion.
+    writer: Mutex<()>,
+    /// Watermark stored by the last checkpoint (log retention must keep records above it).
+    checkpointed: AtomicU64,
     reg: RwLock<Registry>,
     settings: RwLock<GlobalSettings>,
     /// Serialises registry changes (create/update/delete) against each other.
@@ -338,6 +378,8 @@ pub enum OpenError {
     Sled(#[from] sled::Error),
     #[error("stream index: {0}")]
     Store(#[from] StoreError),
+    #[error("stream index files: {0}")]
+    Io(#[from] std::io::Error),
     #[error("stream index: corrupt registry entry {0:?}")]
     Corrupt(String),
     #[error("stream {name:?} in the config file: {error}")]
@@ -359,21 +401,45 @@ impl Engine {
             Some(v) => serde_json::from_slice::<GlobalSettings>(&v).ok(),
             None => None,
         };
-        let watermark = match tree.get(K_WATERMARK)? {
+        let mut watermark = match tree.get(K_WATERMARK)? {
             Some(v) => be64(&v).unwrap_or(0),
             // A new index: nothing before now belongs to any stream.
             None => store.next_offset(),
         };
+        let dir = streams_dir(&store);
         let mut reg = Registry::default();
         for kv in tree.scan_prefix(b"r") {
             let (k, v) = kv?;
             let entry: RegistryEntry = serde_json::from_slice(&v)
                 .map_err(|_| OpenError::Corrupt(String::from_utf8_lossy(&k[1..]).into()))?;
-            let counts = tree
+            let mut counts = tree
                 .get(k_id(b'c', entry.id))?
                 .map(|v| Counts::decode(&v))
                 .unwrap_or_default();
-            let h = Self::make_handle(entry, counts);
+            let id = entry.id;
+            let (entries, indexed_to) = if entry.def.is_lastvalue {
+                let x = tree
+                    .get(k_id(b'x', id))?
+                    .and_then(|v| be64(&v))
+                    .unwrap_or(0);
+                (None, x)
+            } else {
+                let (entries, short) = open_entries(&tree, &dir, id, &entry.def.name)?;
+                if short {
+                    counts = recount(&entries)?;
+                }
+                let to = match entries.end().checked_sub(1) {
+                    Some(last) => entries.get(last)?.map_or(0, |e| e.offset + 1),
+                    None => 0,
+                };
+                if short {
+                    // Entries the checkpoint promised are gone: index the log again from
+                    // after the last one that is there.
+                    watermark = watermark.min(to.max(entry.created_offset));
+                }
+                (Some(entries), to)
+            };
+            let h = Self::make_handle(entry, counts, entries, indexed_to);
             reg.filters.insert(&h.topic_filter(), h.id);
             reg.by_id.insert(h.id, h.clone());
             reg.by_name.insert(h.name.clone(), h);
@@ -381,6 +447,9 @@ impl Engine {
         let engine = Arc::new(Engine {
             store,
             tree,
+            dir,
+            writer: Mutex::new(()),
+            checkpointed: AtomicU64::new(watermark),
             reg: RwLock::new(reg),
             settings: RwLock::new(stored_settings.unwrap_or(settings)),
             admin: Mutex::new(()),
@@ -422,7 +491,12 @@ impl Engine {
         Ok(engine)
     }
 
-    fn make_handle(entry: RegistryEntry, counts: Counts) -> Arc<StreamHandle> {
+    fn make_handle(
+        entry: RegistryEntry,
+        counts: Counts,
+        entries: Option<Entries>,
+        indexed_to: u64,
+    ) -> Arc<StreamHandle> {
         let key = KeyExpr::parse(&entry.def.key_expression).ok();
         Arc::new(StreamHandle {
             id: entry.id,
@@ -437,7 +511,13 @@ impl Engine {
             notify: tokio::sync::Notify::new(),
             deleted: AtomicBool::new(false),
             subscribers: AtomicU64::new(0),
+            entries,
+            indexed_to: AtomicU64::new(indexed_to),
         })
+    }
+
+    fn write_lock(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn reg(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
@@ -497,7 +577,7 @@ impl Engine {
             let st = h.read();
             (st.def.clone(), st.counts)
         };
-        let (oldest, newest) = self.bounds(h.id);
+        let (oldest, newest) = self.bounds(h);
         StreamInfo {
             def,
             created_at_us: h.created_at_us,
@@ -513,7 +593,14 @@ impl Engine {
     }
 
     /// Arrival times of the oldest and newest entry.
-    fn bounds(&self, id: u64) -> (Option<u64>, Option<u64>) {
+    fn bounds(&self, h: &StreamHandle) -> (Option<u64>, Option<u64>) {
+        if let Some(entries) = &h.entries {
+            let ts = |i: u64| entries.get(i).ok().flatten().map(|e| e.ts_us);
+            let first = ts(entries.head());
+            let last = entries.end().checked_sub(1).and_then(ts).or(first);
+            return (first, last);
+        }
+        let id = h.id;
         let lo = k_entry(id, 0);
         let hi = k_entry(id, u64::MAX);
         let ts = |kv: Option<sled::Result<(sled::IVec, sled::IVec)>>| {
@@ -602,12 +689,19 @@ impl Engine {
             created_at_us: now_us(),
             created_offset,
         };
+        let entries = if entry.def.is_lastvalue {
+            None
+        } else {
+            let path = entries_dir(&self.dir, id);
+            Entries::destroy(&path).map_err(storage)?;
+            Some(Entries::open(&path, 0, 0).map_err(storage)?.0)
+        };
         let json = serde_json::to_vec(&entry).map_err(storage)?;
         self.tree
             .insert(k_registry(&entry.def.name), json)
             .map_err(storage)?;
         self.tree.flush().map_err(storage)?;
-        let h = Self::make_handle(entry, Counts::default());
+        let h = Self::make_handle(entry, Counts::default(), entries, 0);
         {
             let mut reg = self.reg_mut();
             reg.filters.insert(&h.topic_filter(), h.id);
@@ -666,7 +760,10 @@ impl Engine {
         }
         info!(stream = %name, "stream updated");
         // Limits may have shrunk.
-        if let Err(e) = self.enforce_limits(&h) {
+        let w = self.write_lock();
+        let r = self.enforce_limits(&h);
+        drop(w);
+        if let Err(e) = r {
             warn!(stream = %name, error = %e, "enforcing stream limits failed");
         }
         h.notify.notify_waiters();
@@ -679,6 +776,8 @@ impl Engine {
         let h = self
             .lookup(name)
             .ok_or_else(|| StreamError::NotFound(name.to_string()))?;
+        // No indexer batch or checkpoint runs while the stream goes.
+        let _w = self.write_lock();
         let mut b = sled::Batch::default();
         b.remove(k_registry(name));
         b.insert(&k_id(b'd', h.id), &[]);
@@ -718,9 +817,14 @@ impl Engine {
                 self.tree.apply_batch(b)?;
             }
         }
+        if let Err(e) = Entries::destroy(&entries_dir(&self.dir, id)) {
+            warn!(id, error = %e, "removing a deleted stream's entry files failed; retried by gc");
+            return Ok(());
+        }
         let mut b = sled::Batch::default();
-        b.remove(&k_id(b'c', id));
-        b.remove(&k_id(b'd', id));
+        for tag in [b'c', b'n', b'x', b'd'] {
+            b.remove(&k_id(tag, id));
+        }
         self.tree.apply_batch(b)?;
         Ok(())
     }
@@ -746,13 +850,16 @@ impl Engine {
         }
     }
 
-    /// Index what is committed, then stop the indexer. Blocking.
+    /// Index what is committed, then stop the indexer and checkpoint. Blocking.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.poke();
         let h = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(h) = h {
             let _ = h.join();
+        }
+        if let Err(e) = self.checkpoint() {
+            error!(error = %e, "stream index checkpoint failed");
         }
         if let Err(e) = self.tree.flush() {
             error!(error = %e, "flushing the stream index failed");
@@ -764,12 +871,18 @@ impl Engine {
         self.watermark.load(Ordering::Acquire)
     }
 
+    /// The watermark of the last checkpoint: what a restart after a crash starts from.
+    pub fn checkpointed_offset(&self) -> u64 {
+        self.checkpointed.load(Ordering::Acquire)
+    }
+
     pub fn is_failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
     }
 
     fn index_loop(&self) {
         let mut reader = self.store.reader(self.indexed_offset());
+        let mut last_checkpoint = Instant::now();
         loop {
             {
                 let mut w = self.wake.lock().unwrap_or_else(|e| e.into_inner());
@@ -783,7 +896,16 @@ impl Engine {
                 *w = false;
             }
             loop {
-                match self.index_once(&mut reader) {
+                let res = self.index_once(&mut reader);
+                if last_checkpoint.elapsed() >= Duration::from_millis(CHECKPOINT_MS)
+                    && self.checkpointed_offset() < self.indexed_offset()
+                {
+                    last_checkpoint = Instant::now();
+                    if let Err(e) = self.checkpoint() {
+                        error!(error = %e, "stream index checkpoint failed; retrying");
+                    }
+                }
+                match res {
                     Ok(true) => continue,
                     Ok(false) => break,
                     Err(e) => {
@@ -802,16 +924,53 @@ impl Engine {
         }
     }
 
+    /// Make the regular streams' entries durable, then store their positions and counts and
+    /// the watermark; then delete entry files retention emptied. Blocking.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        let _w = self.write_lock();
+        let watermark = self.indexed_offset();
+        let handles: Vec<Arc<StreamHandle>> = self.reg().by_id.values().cloned().collect();
+        let mut b = sled::Batch::default();
+        let mut heads = Vec::new();
+        for h in &handles {
+            let Some(entries) = &h.entries else { continue };
+            entries
+                .sync()
+                .map_err(|e| files_err("fsync", &self.dir, e))?;
+            let head = entries.head();
+            b.insert(
+                &k_id(b'n', h.id),
+                &checkpoint_value(head, entries.end())[..],
+            );
+            b.insert(&k_id(b'c', h.id), &h.read().counts.encode());
+            heads.push((h.clone(), head));
+        }
+        b.insert(K_WATERMARK, &watermark.to_be_bytes());
+        self.tree.apply_batch(b).map_err(sled_err)?;
+        self.tree.flush().map_err(sled_err)?;
+        self.checkpointed.store(watermark, Ordering::Release);
+        for (h, head) in heads {
+            if let Some(entries) = &h.entries {
+                if let Err(e) = entries.drop_files_below(head) {
+                    warn!(stream = %h.name, error = %e, "removing old stream entry files failed");
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Index one batch; `Ok(false)` when caught up.
     fn index_once(&self, reader: &mut LogReader) -> Result<bool, StoreError> {
         if self.stream_count() == 0 || !self.is_enabled() {
             // Nothing to capture: skip without reading.
             let end = self.store.committed_offset();
             if end > self.indexed_offset() {
+                let _w = self.write_lock();
                 self.tree
                     .insert(K_WATERMARK, &end.to_be_bytes())
                     .map_err(sled_err)?;
                 self.watermark.store(end, Ordering::Release);
+                self.checkpointed.store(end, Ordering::Release);
                 *reader = self.store.reader(end);
             }
             return Ok(false);
@@ -832,9 +991,12 @@ impl Engine {
             return Ok(false);
         };
         let next = last.offset + 1;
+        let _w = self.write_lock();
         let mut b = sled::Batch::default();
         // Per stream: counts after this batch; last-value keys set in this batch.
         let mut touched: HashMap<u64, (Arc<StreamHandle>, Counts)> = HashMap::new();
+        // Per regular stream: entries to append.
+        let mut appends: HashMap<u64, Vec<RawEntry>> = HashMap::new();
         let mut lv_keys: HashMap<(u64, String), (u64, Entry)> = HashMap::new();
         let mut ids: Vec<u64> = Vec::new();
         let mut added = 0u64;
@@ -851,7 +1013,9 @@ impl Engine {
                 ids.dedup();
                 for id in &ids {
                     let Some(h) = reg.by_id.get(id) else { continue };
-                    if rec.offset < h.created_offset {
+                    if rec.offset < h.created_offset
+                        || rec.offset < h.indexed_to.load(Ordering::Relaxed)
+                    {
                         continue;
                     }
                     let (key, lv) = {
@@ -861,65 +1025,87 @@ impl Engine {
                     };
                     let size =
                         u32::try_from(rec.payload.len() + rec.topic.len()).unwrap_or(u32::MAX);
+                    let counts = &mut touched
+                        .entry(h.id)
+                        .or_insert_with(|| (h.clone(), h.read().counts))
+                        .1;
+                    if key.is_none() {
+                        keyless += 1;
+                    }
+                    added += 1;
+                    if !lv {
+                        counts.add_raw(size, key.is_some());
+                        appends.entry(h.id).or_default().push(RawEntry {
+                            offset: rec.offset,
+                            ts_us: rec.timestamp_us,
+                            size,
+                            flags: if key.is_some() { RAW_HAS_KEY } else { 0 },
+                        });
+                        continue;
+                    }
                     let entry = Entry {
                         ts_us: rec.timestamp_us,
                         size,
-                        record: if lv && key.is_some() {
+                        record: if key.is_some() {
                             encode_copy(rec)
                         } else {
                             None
                         },
                         key,
                     };
-                    let counts = &mut touched
-                        .entry(h.id)
-                        .or_insert_with(|| (h.clone(), h.read().counts))
-                        .1;
-                    if entry.key.is_none() {
-                        keyless += 1;
-                    }
-                    if lv {
-                        if let Some(k) = &entry.key {
-                            // Replace the key's previous entry.
-                            let prev = match lv_keys.get(&(h.id, k.clone())) {
-                                Some((o, e)) => Some((*o, e.clone())),
-                                None => {
-                                    self.tree
-                                        .get(k_key(h.id, k))
-                                        .map_err(sled_err)?
-                                        .and_then(|v| {
-                                            let o = be64(&v)?;
-                                            let e = self.tree.get(k_entry(h.id, o)).ok()??;
-                                            Some((o, Entry::decode(&e)?))
-                                        })
-                                }
-                            };
-                            if let Some((old, old_entry)) = prev {
-                                if old != rec.offset {
-                                    b.remove(&k_entry(h.id, old));
-                                    counts.sub(&old_entry);
-                                }
+                    if let Some(k) = &entry.key {
+                        // Replace the key's previous entry.
+                        let prev = match lv_keys.get(&(h.id, k.clone())) {
+                            Some((o, e)) => Some((*o, e.clone())),
+                            None => {
+                                self.tree
+                                    .get(k_key(h.id, k))
+                                    .map_err(sled_err)?
+                                    .and_then(|v| {
+                                        let o = be64(&v)?;
+                                        let e = self.tree.get(k_entry(h.id, o)).ok()??;
+                                        Some((o, Entry::decode(&e)?))
+                                    })
                             }
-                            b.insert(k_key(h.id, k), &rec.offset.to_be_bytes());
-                            lv_keys.insert((h.id, k.clone()), (rec.offset, entry.clone()));
+                        };
+                        if let Some((old, old_entry)) = prev {
+                            if old != rec.offset {
+                                b.remove(&k_entry(h.id, old));
+                                counts.sub(&old_entry);
+                            }
                         }
+                        b.insert(k_key(h.id, k), &rec.offset.to_be_bytes());
+                        lv_keys.insert((h.id, k.clone()), (rec.offset, entry.clone()));
                     }
                     counts.add(&entry);
                     b.insert(&k_entry(h.id, rec.offset), entry.encode());
-                    added += 1;
                 }
             }
         }
-        for (id, (_, c)) in &touched {
-            b.insert(&k_id(b'c', *id), &c.encode());
+        for (id, v) in &appends {
+            if let Some(entries) = touched.get(id).and_then(|(h, _)| h.entries.as_ref()) {
+                entries
+                    .append(v)
+                    .map_err(|e| files_err("write", &self.dir, e))?;
+            }
         }
-        b.insert(K_WATERMARK, &next.to_be_bytes());
-        self.tree.apply_batch(b).map_err(sled_err)?;
+        let mut sled_writes = false;
+        for (id, (h, c)) in &touched {
+            if h.entries.is_none() {
+                b.insert(&k_id(b'c', *id), &c.encode());
+                b.insert(&k_id(b'x', *id), &next.to_be_bytes());
+                sled_writes = true;
+            }
+        }
+        if sled_writes {
+            self.tree.apply_batch(b).map_err(sled_err)?;
+        }
         self.watermark.store(next, Ordering::Release);
         self.entries_indexed.fetch_add(added, Ordering::Relaxed);
         self.keyless.fetch_add(keyless, Ordering::Relaxed);
         for (h, c) in touched.into_values() {
             h.write().counts = c;
+            h.indexed_to.store(next, Ordering::Relaxed);
             if let Err(e) = self.enforce_limits(&h) {
                 warn!(stream = %h.name, error = %e, "enforcing stream limits failed");
             }
@@ -928,8 +1114,8 @@ impl Engine {
         Ok(true)
     }
 
-    /// Remove the oldest entries beyond the count and byte limits.
-    fn enforce_limits(&self, h: &StreamHandle) -> Result<(), sled::Error> {
+    /// Remove the oldest entries beyond the count and byte limits (index write lock held).
+    fn enforce_limits(&self, h: &StreamHandle) -> Result<(), StoreError> {
         let (max_n, max_b) = {
             let st = h.read();
             (
@@ -946,12 +1132,38 @@ impl Engine {
         .map(|_| ())
     }
 
-    /// Remove entries from the oldest while `over(counts, entry)` holds; returns how many.
+    /// Remove entries from the oldest while `over(counts, arrival time)` holds; returns how
+    /// many. The caller holds the index write lock.
     fn trim(
         &self,
         h: &StreamHandle,
-        over: impl Fn(&Counts, &Entry) -> bool,
-    ) -> Result<u64, sled::Error> {
+        over: impl Fn(&Counts, u64) -> bool,
+    ) -> Result<u64, StoreError> {
+        if let Some(entries) = &h.entries {
+            let mut counts = h.read().counts;
+            let mut head = entries.head();
+            let start = head;
+            'chunks: loop {
+                let chunk = entries
+                    .read(head, TRIM_CHUNK)
+                    .map_err(|e| files_err("read", &self.dir, e))?;
+                if chunk.is_empty() {
+                    break;
+                }
+                for e in &chunk {
+                    if !over(&counts, e.ts_us) {
+                        break 'chunks;
+                    }
+                    counts.sub_raw(e.size, e.has_key());
+                    head += 1;
+                }
+            }
+            if head > start {
+                entries.set_head(head);
+                h.write().counts = counts;
+            }
+            return Ok(head - start);
+        }
         let mut removed = 0u64;
         loop {
             let mut counts = h.read().counts;
@@ -959,20 +1171,22 @@ impl Engine {
             let mut n = 0usize;
             let mut done = true;
             for kv in self.tree.scan_prefix(k_id(b'e', h.id)) {
-                let (k, v) = kv?;
+                let (k, v) = kv.map_err(sled_err)?;
                 let Some(e) = Entry::decode(&v) else {
                     b.remove(k);
                     continue;
                 };
-                if !over(&counts, &e) {
+                if !over(&counts, e.ts_us) {
                     break;
                 }
                 b.remove(k.clone());
-                if let (true, Some(key)) = (h.is_lastvalue(), &e.key) {
+                if let Some(key) = &e.key {
                     // Drop the key only if it still points here.
                     let kk = k_key(h.id, key);
-                    if let (Some(cur), Some(o)) = (self.tree.get(&kk)?, k.get(9..17).and_then(be64))
-                    {
+                    if let (Some(cur), Some(o)) = (
+                        self.tree.get(&kk).map_err(sled_err)?,
+                        k.get(9..17).and_then(be64),
+                    ) {
                         if be64(&cur) == Some(o) {
                             b.remove(kk);
                         }
@@ -989,7 +1203,7 @@ impl Engine {
                 return Ok(removed);
             }
             b.insert(&k_id(b'c', h.id), &counts.encode());
-            self.tree.apply_batch(b)?;
+            self.tree.apply_batch(b).map_err(sled_err)?;
             h.write().counts = counts;
             removed += n as u64;
             if done {
@@ -1005,7 +1219,11 @@ impl Engine {
         let mut removed = 0;
         for h in handles {
             let cutoff = h.retention_cutoff_us();
-            match self.trim(&h, |_, e| e.ts_us < cutoff) {
+            let _w = self.write_lock();
+            if h.is_deleted() {
+                continue;
+            }
+            match self.trim(&h, |_, ts| ts < cutoff) {
                 Ok(n) => removed += n,
                 Err(e) => warn!(stream = %h.name, error = %e, "stream retention failed"),
             }
@@ -1030,11 +1248,17 @@ impl Engine {
 
     /// Lowest log offset a stream still needs from the log (regular entries; last-value
     /// entries carry their record). Log retention must not remove it. Also never above the
-    /// indexer's watermark (records not yet indexed).
+    /// checkpointed watermark (records a restart would index again).
     pub fn min_referenced_offset(&self) -> u64 {
-        let mut low = self.indexed_offset();
+        let mut low = self.checkpointed_offset().min(self.indexed_offset());
         let handles: Vec<Arc<StreamHandle>> = self.reg().by_name.values().cloned().collect();
         for h in handles {
+            if let Some(entries) = &h.entries {
+                if let Ok(Some(e)) = entries.get(entries.head()) {
+                    low = low.min(e.offset);
+                }
+                continue;
+            }
             for kv in self.tree.scan_prefix(k_id(b'e', h.id)) {
                 let Ok((k, v)) = kv else { break };
                 let Some(e) = Entry::decode(&v) else { continue };
@@ -1084,6 +1308,9 @@ impl Engine {
             return Ok(out);
         }
         let cutoff = h.retention_cutoff_us();
+        if let Some(entries) = &h.entries {
+            return self.read_entries(h, entries, reader, max, cutoff);
+        }
         let lo = k_entry(h.id, reader.next);
         let hi = k_entry(h.id, u64::MAX);
         let started = Instant::now();
@@ -1123,6 +1350,180 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+}
+
+/// `<data_dir>/streams`, next to the log.
+fn streams_dir(store: &Store) -> PathBuf {
+    let log = store.log_dir();
+    log.parent().unwrap_or(log).join("streams")
+}
+
+fn entries_dir(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id:020}"))
+}
+
+/// Open a regular stream's entry files at its checkpoint; entries an older version kept in
+/// sled move into them first. Returns whether entries the checkpoint counted are missing.
+fn open_entries(
+    tree: &sled::Tree,
+    dir: &Path,
+    id: u64,
+    name: &str,
+) -> Result<(Entries, bool), OpenError> {
+    let path = entries_dir(dir, id);
+    let (head, end) = match tree.get(k_id(b'n', id))? {
+        Some(v) => (
+            be64(&v).unwrap_or(0),
+            v.get(8..).and_then(be64).unwrap_or(0),
+        ),
+        None => {
+            // No checkpoint yet: a new stream, or entries of the sled format to move.
+            let _ = Entries::destroy(&path);
+            let (entries, _) = Entries::open(&path, 0, 0)?;
+            let mut moved = 0u64;
+            loop {
+                let mut batch = Vec::new();
+                let mut keys = Vec::new();
+                for kv in tree.scan_prefix(k_id(b'e', id)).take(GC_BATCH_MAX) {
+                    let (k, v) = kv?;
+                    let (Some(offset), Some(e)) = (k.get(9..17).and_then(be64), Entry::decode(&v))
+                    else {
+                        keys.push(k);
+                        continue;
+                    };
+                    batch.push(RawEntry {
+                        offset,
+                        ts_us: e.ts_us,
+                        size: e.size,
+                        flags: if e.key.is_some() { RAW_HAS_KEY } else { 0 },
+                    });
+                    keys.push(k);
+                }
+                if keys.is_empty() {
+                    break;
+                }
+                entries.append(&batch)?;
+                entries.sync()?;
+                moved += batch.len() as u64;
+                let mut b = sled::Batch::default();
+                for k in keys {
+                    b.remove(k);
+                }
+                b.insert(&k_id(b'n', id), &checkpoint_value(0, entries.end())[..]);
+                tree.apply_batch(b)?;
+            }
+            if moved > 0 {
+                tree.flush()?;
+                info!(stream = %name, entries = moved, "stream entries moved from sled to entry files");
+            }
+            return Ok((entries, false));
+        }
+    };
+    let (entries, report) = Entries::open(&path, head, end)?;
+    if report.cut > 0 {
+        info!(stream = %name, entries = report.cut, "stream entries after the last checkpoint cut (indexed again from the log)");
+    }
+    if report.short_by > 0 {
+        warn!(stream = %name, missing = report.short_by, "stream entry files hold fewer entries than their checkpoint; indexing the log again");
+    }
+    Ok((entries, report.short_by > 0))
+}
+
+fn checkpoint_value(head: u64, end: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&head.to_be_bytes());
+    v[8..].copy_from_slice(&end.to_be_bytes());
+    v
+}
+
+/// Counts of every live entry (after entries were lost).
+fn recount(entries: &Entries) -> std::io::Result<Counts> {
+    let mut c = Counts::default();
+    let mut i = entries.head();
+    loop {
+        let chunk = entries.read(i, TRIM_CHUNK)?;
+        if chunk.is_empty() {
+            return Ok(c);
+        }
+        for e in &chunk {
+            c.add_raw(e.size, e.has_key());
+        }
+        i += chunk.len() as u64;
+    }
+}
+
+impl Engine {
+    /// [`Engine::read`] of a regular stream: entries from its files, records from the log.
+    fn read_entries(
+        &self,
+        h: &StreamHandle,
+        entries: &Entries,
+        reader: &mut StreamReader,
+        max: usize,
+        cutoff: u64,
+    ) -> Result<Vec<StreamMessage>, StreamError> {
+        let mut out = Vec::new();
+        let mut i = match reader.cursor {
+            Some((next, i)) if next == reader.next => i,
+            _ => entries.seek_offset(reader.next).map_err(storage)?,
+        };
+        let min_ts = cutoff.max(reader.min_ts_us);
+        if i < entries.end() && min_ts > 0 {
+            // Skip expired entries by search, not one by one.
+            let first_live = entries.seek_ts(min_ts).map_err(storage)?;
+            i = i.max(first_live);
+        }
+        let started = Instant::now();
+        while out.len() < max {
+            let (first, chunk) = entries
+                .read_from(i, (max - out.len()).clamp(16, 1024))
+                .map_err(storage)?;
+            if chunk.is_empty() {
+                break;
+            }
+            i = first;
+            for e in chunk {
+                i += 1;
+                reader.next = e.offset.saturating_add(1);
+                if e.ts_us < min_ts {
+                    continue;
+                }
+                let Some(record) = reader.log_read(&self.store, e.offset)? else {
+                    continue;
+                };
+                let key = if e.has_key() {
+                    let st = h.read();
+                    st.key
+                        .as_ref()
+                        .and_then(|k| k.eval(&key_input(&record)))
+                        .map(|k| cut(k, KEY_LEN_MAX))
+                } else {
+                    None
+                };
+                out.push(StreamMessage {
+                    offset: e.offset,
+                    record,
+                    key,
+                });
+                if out.len() >= max {
+                    break;
+                }
+            }
+            if out.is_empty() && started.elapsed() > Duration::from_millis(50) {
+                break;
+            }
+        }
+        reader.cursor = Some((reader.next, i));
+        Ok(out)
+    }
+}
+
+fn files_err(op: &'static str, dir: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Io {
+        op,
+        path: dir.to_path_buf(),
+        source: Arc::new(e),
     }
 }
 
@@ -1167,6 +1568,8 @@ pub struct StreamReader {
     /// `stream-offset=<timestamp>` gets only messages at or after it, live ones included.
     pub min_ts_us: u64,
     log: Option<LogReader>,
+    /// Entry index of `next` in a regular stream's files, when known: (next, index).
+    cursor: Option<(u64, u64)>,
 }
 
 impl StreamReader {
@@ -1175,6 +1578,7 @@ impl StreamReader {
             next: from,
             min_ts_us: 0,
             log: None,
+            cursor: None,
         }
     }
 
@@ -1430,6 +1834,101 @@ mod tests {
         e.close();
     }
 
+    /// A crash after a checkpoint: the entry files hold entries the stored checkpoint does
+    /// not count. They are cut and indexed again from the log: nothing lost, nothing twice.
+    #[test]
+    fn entries_after_the_last_checkpoint_are_cut_and_indexed_again() {
+        let f = Fixture::new("crash");
+        let e = f.engine(&[]);
+        e.create(StreamDef::new("s", "t/#")).unwrap();
+        let mut lv = StreamDef::new("lv", "t/#");
+        lv.is_lastvalue = true;
+        lv.key_expression = "message.topic".into();
+        e.create(lv).unwrap();
+        for i in 0..5 {
+            f.publish(&e, "t/x", "c", &format!("a{i}"));
+        }
+        e.checkpoint().unwrap();
+        let tree = f.index.tree("s_streams").unwrap();
+        let id = e.lookup("s").unwrap().id;
+        let saved: Vec<(Vec<u8>, Option<sled::IVec>)> = [
+            K_WATERMARK.to_vec(),
+            k_id(b'n', id).to_vec(),
+            k_id(b'c', id).to_vec(),
+        ]
+        .into_iter()
+        .map(|k| {
+            let v = tree.get(&k).unwrap();
+            (k, v)
+        })
+        .collect();
+        for i in 0..5 {
+            f.publish(&e, "t/y", "c", &format!("b{i}"));
+        }
+        drop(tree);
+        let f = f.restart(e);
+        // Put the first checkpoint back, as if the process died before the second one.
+        let tree = f.index.tree("s_streams").unwrap();
+        for (k, v) in saved {
+            tree.insert(k, v.unwrap()).unwrap();
+        }
+        drop(tree);
+        let e = f.engine(&[]);
+        wait_indexed(&e, f.store.committed_offset());
+        let got = read_all(&e, "s", StartFrom::Earliest);
+        let want: Vec<String> = (0..5)
+            .map(|i| format!("a{i}"))
+            .chain((0..5).map(|i| format!("b{i}")))
+            .collect();
+        assert_eq!(payloads(&got), want);
+        assert_eq!(e.get("s").unwrap().stats.message_count, 10);
+        // The last-value stream was not touched twice either.
+        assert_eq!(
+            payloads(&read_all(&e, "lv", StartFrom::Earliest)),
+            ["a4", "b4"]
+        );
+        assert_eq!(e.get("lv").unwrap().stats.message_count, 2);
+        e.close();
+    }
+
+    #[test]
+    fn retention_of_a_regular_stream_deletes_whole_entry_files_after_a_checkpoint() {
+        let f = Fixture::new("files");
+        let e = f.engine(&[]);
+        let mut d = StreamDef::new("s", "t/#");
+        d.limits.max_message_count = Limit::Max(3);
+        e.create(d).unwrap();
+        for i in 0..6 {
+            f.publish(&e, "t/x", "c", &i.to_string());
+        }
+        assert_eq!(
+            payloads(&read_all(&e, "s", StartFrom::Earliest)),
+            ["3", "4", "5"]
+        );
+        let h = e.lookup("s").unwrap();
+        let entries = h.entries.as_ref().unwrap();
+        assert_eq!((entries.head(), entries.end()), (3, 6));
+        // The pinned log offset follows the head.
+        e.checkpoint().unwrap();
+        let first = read_all(&e, "s", StartFrom::Earliest)[0].0;
+        assert_eq!(e.min_referenced_offset(), first);
+        let f = f.restart(e);
+        let e = f.engine(&[]);
+        assert_eq!(
+            payloads(&read_all(&e, "s", StartFrom::Earliest)),
+            ["3", "4", "5"]
+        );
+        assert_eq!(e.get("s").unwrap().stats.message_count, 3);
+        e.delete("s").unwrap();
+        assert!(!f
+            .dir
+            .0
+            .join("streams")
+            .join(format!("{:020}", h.id))
+            .exists());
+        e.close();
+    }
+
     #[test]
     fn config_defs_are_created_and_updated_at_open() {
         let f = Fixture::new("cfg");
@@ -1508,7 +2007,8 @@ mod tests {
             ["a2", "b2"]
         );
         assert_eq!(e.get("lv").unwrap().stats.message_count, 2);
-        // Last values carry their record: they do not pin the log.
+        // Last values carry their record: they do not pin the log (beyond the checkpoint).
+        e.checkpoint().unwrap();
         assert_eq!(e.min_referenced_offset(), e.indexed_offset());
         let f = f.restart(e);
         let e = f.engine(&[]);

@@ -8,9 +8,11 @@
 //! - [`keyexpr`]: key expressions (`message.from`, topic levels, JSON paths);
 //! - [`filter_index`]: which streams match a topic, without scanning every stream;
 //! - [`subscribe`]: parsing `$stream/...` / `$s/...` subscriptions and `stream-offset`;
+//! - [`entries`]: a regular stream's index, a dense run of 24-byte entries in files of its own;
 //! - [`engine`]: the registry in sled, the indexer that follows the log, retention, readers.
 
 pub mod engine;
+pub mod entries;
 pub mod filter_index;
 pub mod keyexpr;
 pub mod model;
