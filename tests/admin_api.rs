@@ -1060,11 +1060,20 @@ fn admin_toml(port: u16) -> String {
     format!("[admin]\nenable = true\nbind = \"127.0.0.1:{port}\"\n\n")
 }
 
+/// The generated token. The child counts as ready once its MQTT port is bound, which is
+/// before the admin API writes the token file: wait for the file (bounded).
 fn read_token(data_dir: &Path) -> String {
-    std::fs::read_to_string(data_dir.join(lanemq_admin::TOKEN_FILE))
-        .unwrap()
-        .trim()
-        .to_string()
+    let path = data_dir.join(lanemq_admin::TOKEN_FILE);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match std::fs::read_to_string(&path) {
+            Ok(t) if t.ends_with('\n') => return t.trim().to_string(),
+            Ok(_) | Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            r => panic!("no token file {}: {r:?}", path.display()),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
