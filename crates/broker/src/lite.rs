@@ -458,13 +458,20 @@ impl Dispatcher {
             }
             for e in events {
                 if matches!(e, Event::Stop) {
+                    self.index();
                     self.persist_commits();
                     let _ = self.engine.flush();
+                    if let Err(e) = self.engine.checkpoint() {
+                        warn!(error = %e, "cannot checkpoint the lane index");
+                    }
                     return;
                 }
                 self.handle(e);
             }
             self.index();
+            if let Err(e) = self.engine.checkpoint_if_due() {
+                warn!(error = %e, "cannot checkpoint the lane index");
+            }
             self.fire_timers();
             self.fire_deadlines();
             self.dispatch_ready();

@@ -1,29 +1,44 @@
 //! The parent registry, the lane table and the lane index.
 //!
-//! Storage (sled, tree `l_lite`, big-endian keys so ranges come out in order):
+//! Storage:
+//!
+//! - the lane index: the shared lane entry files `<data_dir>/lanes/*.lxe`
+//!   ([`crate::entries`]), one 40-byte entry per message, each lane a chain of its entries;
+//! - the lane table as of the last checkpoint: `<data_dir>/lanes/table.lj`
+//!   ([`crate::journal`]);
+//! - sled, tree `l_lite` (big-endian keys), for what is small and rarely written:
 //!
 //! ```text
-//! 'w'                                   -> watermark u64: every lane hint of a record below it is indexed
-//! 'i' | lane u64 | offset u64           -> log position u64 | store time µs u64
 //! 'g' | lane u64 | group                -> committed offset u64 (first unacknowledged)
 //! 'G' | parent u32 | group              -> group start policy (written when the group is new)
 //! ```
-//! Parents live in tree `l_parents` (name -> JSON `{id, def}`).
+//! Parents live in tree `l_parents` (name -> JSON `{id, def}`). Older versions kept one sled
+//! entry per message (`'i' | lane | offset`, watermark `'w'`): [`Engine::open`] moves them into
+//! the entry files once.
 //!
 //! The lane table is in memory: key -> lane id per parent (ordered, for pagination) and, per
-//! lane, its next offset and last publish time. Nothing per lane is written besides its
-//! entries: at start the lanes are found from their entries, the key from the topic of the
-//! newest record of each. A lane's offset is assigned by
-//! [`Engine::assign`] under the log's append lock; the entry reaches sled once the record is
-//! durable ([`Engine::index_durable`]). After a crash, [`Engine::open`] rebuilds the table from
-//! the metadata, the last index entry of every lane, and the log after the watermark.
+//! lane, its next offset, last publish time and newest entry. A lane's offset is assigned by
+//! [`Engine::assign`] under the log's append lock; its entry is appended once the record is
+//! durable ([`Engine::index_durable`]). Every [`CHECKPOINT_MS`] [`Engine::checkpoint`] fsyncs
+//! the entry files and journals the lanes that changed with the synced end and the log
+//! watermark. After a crash, [`Engine::open`] loads the journal, cuts the entry files to the
+//! journaled end and indexes the log after the watermark again: the restart reads the table
+//! and the log tail, never the index.
+//!
+//! Invariants: a lane's newest-entry word only ever names an entry of that lane that is in
+//! the files; entries of records below the watermark are all in the files below `end`; the
+//! index lock (`idx`) is taken before the table lock, never after.
 
+use crate::entries::{LaneEntries, LaneEntry, NONE};
+use crate::journal::{encode_lane, Checkpoint, Journal, LaneRecordRef};
 use crate::model::{LaneSel, ParentDef, Pattern, ValidationError};
 use lanemq_store::{IndexHint, Store};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// Errors of the registry API (REST maps them to 400 / 404 / 409 / 500).
@@ -44,6 +59,12 @@ pub enum LiteError {
 impl From<sled::Error> for LiteError {
     fn from(e: sled::Error) -> Self {
         LiteError::Storage(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for LiteError {
+    fn from(e: std::io::Error) -> Self {
+        LiteError::Storage(format!("lane index files: {e}"))
     }
 }
 
@@ -87,6 +108,8 @@ pub struct Lane {
     pub key: Box<str>,
     pub next: u64,
     pub last_pub_us: u64,
+    /// Index of the newest indexed entry ([`NONE`] before the first).
+    pub last_entry: u64,
 }
 
 /// A lane entry assigned but not yet written to sled.
@@ -142,9 +165,30 @@ struct Table {
     pending: Vec<Pending>,
 }
 
+/// The lane index: entry files, journal, and what the next checkpoint writes.
+struct Idx {
+    entries: LaneEntries,
+    journal: Journal,
+    /// Lanes indexed since the last checkpoint.
+    dirty: std::collections::HashSet<u64>,
+    /// Lanes removed since the last checkpoint.
+    gone: Vec<u64>,
+    /// Every lane hint of a record below it is in `entries`.
+    watermark: u64,
+    last_checkpoint: Instant,
+    /// Per lane read deep into its past: offset -> entry index, every [`MARK_EVERY`] entries.
+    marks: HashMap<u64, BTreeMap<u64, u64>>,
+}
+
+/// Period of [`Engine::checkpoint_if_due`].
+pub const CHECKPOINT_MS: u64 = 1000;
+/// A chain walk longer than this leaves marks behind, one per this many entries.
+const MARK_EVERY: u64 = 1024;
+
 /// The lite layer's registry and index.
 pub struct Engine {
     store: Store,
+    idx: Mutex<Idx>,
     tree: sled::Tree,
     parents_tree: sled::Tree,
     parents: RwLock<Arc<Vec<Arc<Parent>>>>,
@@ -171,14 +215,6 @@ fn lane_key(tag: u8, lane: u64) -> [u8; 9] {
     let mut k = [0u8; 9];
     k[0] = tag;
     k[1..].copy_from_slice(&lane.to_be_bytes());
-    k
-}
-
-fn entry_key(lane: u64, seq: u64) -> [u8; 17] {
-    let mut k = [0u8; 17];
-    k[0] = b'i';
-    k[1..9].copy_from_slice(&lane.to_be_bytes());
-    k[9..].copy_from_slice(&seq.to_be_bytes());
     k
 }
 
@@ -211,8 +247,28 @@ impl Engine {
     ) -> Result<Arc<Engine>, LiteError> {
         let tree = index.tree("l_lite")?;
         let parents_tree = index.tree("l_parents")?;
+        let dir = lanes_dir(&store);
+        let (journal, loaded) = Journal::open(&dir)?;
+        if loaded.cut > 0 {
+            warn!(
+                bytes = loaded.cut,
+                "lane table journal: a torn checkpoint was cut"
+            );
+        }
+        let cp = loaded.checkpoint.unwrap_or_default();
+        let (entries, report) = LaneEntries::open(&dir, cp.entries_end)?;
+        let idx = Idx {
+            entries,
+            journal,
+            dirty: Default::default(),
+            gone: Vec::new(),
+            watermark: cp.watermark,
+            last_checkpoint: Instant::now(),
+            marks: HashMap::new(),
+        };
         let e = Engine {
             store,
+            idx: Mutex::new(idx),
             tree,
             parents_tree,
             parents: RwLock::new(Arc::new(Vec::new())),
@@ -250,7 +306,7 @@ impl Engine {
                 Some(_) => {}
             }
         }
-        e.recover()?;
+        e.recover(loaded, report)?;
         Ok(Arc::new(e))
     }
 
@@ -285,38 +341,207 @@ impl Engine {
         self.any.load(Ordering::Acquire)
     }
 
-    fn recover(&self) -> Result<(), LiteError> {
-        let mut t = self.lock();
-        let mut max_id = 0u64;
+    fn lock_idx(&self) -> MutexGuard<'_, Idx> {
+        self.idx.lock().unwrap_or_else(|x| x.into_inner())
+    }
+
+    /// Build the lane table from the journal, move an older version's sled entries into the
+    /// entry files, index the log after the watermark, and checkpoint.
+    fn recover(
+        &self,
+        loaded: crate::journal::Loaded,
+        report: crate::entries::OpenReport,
+    ) -> Result<(), LiteError> {
+        let started = Instant::now();
+        let mut idx = self.lock_idx();
+        let idx = &mut *idx;
+        let legacy = self.tree.scan_prefix([b'i']).next().is_some();
+        let journaled = loaded.checkpoint.is_some();
         let mut orphans = Vec::new();
-        // Lanes are found from their index entries (no per-lane metadata is written: it would
-        // double the sled writes of lane creation). The key comes from the topic of the
-        // lane's newest stored record.
-        let mut last: Option<(u64, u64, u64, u64)> = None; // lane, last seq, last pos, last ts
-        let mut found: Vec<(u64, u64, u64, u64)> = Vec::new();
+        // Offset after the newest indexed entry of each lane: replayed hints below it are
+        // already in the files.
+        let mut indexed: HashMap<u64, u64> = HashMap::new();
+        if report.short_by > 0 {
+            warn!(
+                missing = report.short_by,
+                "lane entry files are shorter than the journal says: the lane index is rebuilt \
+                 from the log"
+            );
+            idx.entries.reset(0)?;
+            idx.watermark = 0;
+        } else {
+            if report.cut > 0 {
+                info!(
+                    entries = report.cut,
+                    "lane entries after the last checkpoint cut (indexed again from the log)"
+                );
+            }
+            let mut t = self.lock();
+            let mut max_id = loaded.checkpoint.map_or(0, |c| c.next_id);
+            for (id, l) in loaded.lanes {
+                max_id = max_id.max(id + 1);
+                if self.parent_by_id(l.parent).is_none() {
+                    orphans.push(id);
+                    continue;
+                }
+                t.by_key
+                    .entry(l.parent)
+                    .or_default()
+                    .insert(l.key.clone(), id);
+                indexed.insert(id, l.next);
+                t.lanes.insert(
+                    id,
+                    Lane {
+                        parent: l.parent,
+                        key: l.key,
+                        next: l.next,
+                        last_pub_us: l.last_pub_us,
+                        last_entry: l.last_entry,
+                    },
+                );
+            }
+            t.next_id = max_id;
+        }
+        if legacy && !journaled {
+            self.migrate_legacy(idx, &mut indexed, &mut orphans)?;
+        }
+        for lane in orphans {
+            self.remove_lane_data(idx, lane)?;
+        }
+        // The log after the watermark: records durable before the stop whose entries were
+        // not in a checkpoint.
+        let from = idx.watermark.max(self.store.first_offset());
+        let end = self.store.committed_offset();
+        let mut reader = self.store.reader(from);
+        let mut replayed = 0u64;
+        'log: loop {
+            let batch = reader.next_batch(1024, 4 << 20)?;
+            if batch.is_empty() {
+                break;
+            }
+            let mut add: Vec<LaneEntry> = Vec::new();
+            let base = idx.entries.end();
+            {
+                let mut t = self.lock();
+                for r in &batch {
+                    if r.offset >= end {
+                        break;
+                    }
+                    for h in &r.index_hints {
+                        if h.kind != IndexHint::KIND_LANE {
+                            continue;
+                        }
+                        if !t.lanes.contains_key(&h.id) {
+                            let Some((parent, key)) = self.match_parent(&r.topic) else {
+                                continue;
+                            };
+                            let key: Box<str> = key.into();
+                            t.by_key
+                                .entry(parent)
+                                .or_default()
+                                .insert(key.clone(), h.id);
+                            t.lanes.insert(
+                                h.id,
+                                Lane {
+                                    parent,
+                                    key,
+                                    next: 0,
+                                    last_pub_us: r.timestamp_us,
+                                    last_entry: NONE,
+                                },
+                            );
+                            t.next_id = t.next_id.max(h.id + 1);
+                        }
+                        if indexed.get(&h.id).is_some_and(|&n| h.seq < n) {
+                            continue;
+                        }
+                        let Some(l) = t.lanes.get_mut(&h.id) else {
+                            continue;
+                        };
+                        l.next = l.next.max(h.seq + 1);
+                        l.last_pub_us = l.last_pub_us.max(r.timestamp_us);
+                        let i = base + add.len() as u64;
+                        add.push(LaneEntry {
+                            lane: h.id,
+                            seq: h.seq,
+                            pos: r.offset,
+                            ts_us: r.timestamp_us,
+                            prev: l.last_entry,
+                        });
+                        l.last_entry = i;
+                        replayed += 1;
+                    }
+                }
+            }
+            idx.entries.append(&add)?;
+            for e in &add {
+                idx.dirty.insert(e.lane);
+            }
+            if batch.last().is_some_and(|r| r.offset >= end) {
+                break 'log;
+            }
+        }
+        idx.watermark = end;
+        self.checkpoint_locked(idx, true)?;
+        if legacy {
+            self.drop_legacy()?;
+        }
+        let lanes = self.lock().lanes.len();
+        info!(
+            lanes,
+            replayed,
+            entries = idx.entries.end() - idx.entries.head(),
+            ms = started.elapsed().as_millis() as u64,
+            "lite lanes recovered"
+        );
+        Ok(())
+    }
+
+    /// Move the sled entries of an older version (`'i' | lane | offset`) into the entry files,
+    /// in log order; the lanes are found from them, the key from each lane's newest record.
+    fn migrate_legacy(
+        &self,
+        idx: &mut Idx,
+        indexed: &mut HashMap<u64, u64>,
+        orphans: &mut Vec<u64>,
+    ) -> Result<(), LiteError> {
+        let mut all: Vec<(u64, u64, u64, u64)> = Vec::new(); // lane, seq, pos, ts
         for kv in self.tree.scan_prefix([b'i']) {
             let (k, v) = kv?;
             if k.len() < 17 {
                 continue;
             }
-            let lane = be64(&k[1..9]);
-            let seq = be64(&k[9..17]);
-            let pos = be64(&v[..v.len().min(8)]);
-            let ts = be64(v.get(8..16).unwrap_or(&[]));
-            if let Some(l) = last.filter(|l| l.0 != lane) {
-                found.push(l);
-            }
-            last = Some((lane, seq, pos, ts));
+            all.push((
+                be64(&k[1..9]),
+                be64(&k[9..17]),
+                be64(&v[..v.len().min(8)]),
+                be64(v.get(8..16).unwrap_or(&[])),
+            ));
         }
-        found.extend(last);
-        for (lane, seq, pos, ts) in found {
-            max_id = max_id.max(lane + 1);
+        all.sort_by_key(|e| (e.2, e.0, e.1));
+        let base = idx.entries.end();
+        let mut newest: HashMap<u64, (u64, u64, u64, u64)> = HashMap::new(); // index, seq, pos, ts
+        let mut add = Vec::with_capacity(all.len());
+        for (k, &(lane, seq, pos, ts)) in all.iter().enumerate() {
+            let prev = newest.get(&lane).map_or(NONE, |n| n.0);
+            add.push(LaneEntry {
+                lane,
+                seq,
+                pos,
+                ts_us: ts,
+                prev,
+            });
+            newest.insert(lane, (base + k as u64, seq, pos, ts));
+        }
+        idx.entries.append(&add)?;
+        let mut t = self.lock();
+        for (lane, (i, seq, pos, ts)) in newest {
+            t.next_id = t.next_id.max(lane + 1);
             let found = match self.store.read(pos) {
                 Ok(r) => self.match_parent(&r.topic),
                 Err(_) => None,
             };
             let Some((parent, key)) = found else {
-                // Its parent is gone, or its records are: the lane goes.
                 orphans.push(lane);
                 continue;
             };
@@ -332,75 +557,124 @@ impl Engine {
                     key,
                     next: seq + 1,
                     last_pub_us: ts,
+                    last_entry: i,
                 },
             );
+            indexed.insert(lane, seq + 1);
+            idx.dirty.insert(lane);
         }
-        t.next_id = max_id;
-        drop(t);
-        for lane in orphans {
-            self.remove_lane_data(lane)?;
-        }
-        // The log after the watermark: entries whose record is durable but whose index write
-        // did not happen before the stop.
-        let from = self
-            .tree
-            .get([b'w'])?
-            .map_or(0, |v| be64(&v))
-            .max(self.store.first_offset());
-        let end = self.store.committed_offset();
-        let mut reader = self.store.reader(from);
-        let mut replayed = 0u64;
-        'log: loop {
-            let batch = reader.next_batch(1024, 4 << 20)?;
-            if batch.is_empty() {
-                break;
-            }
+        idx.watermark = self.tree.get([b'w'])?.map_or(0, |v| be64(&v));
+        info!(
+            entries = add.len(),
+            "lane index moved from sled into the lane entry files"
+        );
+        Ok(())
+    }
+
+    /// Remove an older version's per-message sled entries (after a checkpoint holds them).
+    fn drop_legacy(&self) -> Result<(), LiteError> {
+        loop {
             let mut b = sled::Batch::default();
-            for r in &batch {
-                if r.offset >= end {
-                    break 'log;
-                }
-                for h in &r.index_hints {
-                    if h.kind != IndexHint::KIND_LANE {
-                        continue;
-                    }
-                    let mut t = self.lock();
-                    if !t.lanes.contains_key(&h.id) {
-                        let Some((parent, key)) = self.match_parent(&r.topic) else {
-                            continue;
-                        };
-                        let key: Box<str> = key.into();
-                        t.by_key
-                            .entry(parent)
-                            .or_default()
-                            .insert(key.clone(), h.id);
-                        t.lanes.insert(
-                            h.id,
-                            Lane {
-                                parent,
-                                key,
-                                next: 0,
-                                last_pub_us: r.timestamp_us,
-                            },
-                        );
-                        t.next_id = t.next_id.max(h.id + 1);
-                    }
-                    if let Some(l) = t.lanes.get_mut(&h.id) {
-                        l.next = l.next.max(h.seq + 1);
-                        l.last_pub_us = l.last_pub_us.max(r.timestamp_us);
-                    }
-                    let mut v = [0u8; 16];
-                    v[..8].copy_from_slice(&r.offset.to_be_bytes());
-                    v[8..].copy_from_slice(&r.timestamp_us.to_be_bytes());
-                    b.insert(&entry_key(h.id, h.seq), &v[..]);
-                    replayed += 1;
-                }
+            let mut n = 0;
+            for kv in self.tree.scan_prefix([b'i']).take(INDEX_BATCH_MAX) {
+                let (k, _) = kv?;
+                b.remove(k);
+                n += 1;
+            }
+            if n == 0 {
+                break;
             }
             self.tree.apply_batch(b)?;
         }
-        self.tree.insert([b'w'], &end.to_be_bytes())?;
-        let lanes = self.lock().lanes.len();
-        info!(lanes, replayed, "lite lanes recovered");
+        self.tree.remove([b'w'])?;
+        self.tree.flush()?;
+        Ok(())
+    }
+
+    /// fsync the entry files and journal the lanes that changed, if [`CHECKPOINT_MS`] passed
+    /// since the last checkpoint.
+    pub fn checkpoint_if_due(&self) -> Result<(), LiteError> {
+        let mut idx = self.lock_idx();
+        if idx.last_checkpoint.elapsed() < Duration::from_millis(CHECKPOINT_MS) {
+            return Ok(());
+        }
+        self.checkpoint_locked(&mut idx, false)
+    }
+
+    /// fsync the entry files and journal the lanes that changed (at shutdown, in tests).
+    pub fn checkpoint(&self) -> Result<(), LiteError> {
+        let mut idx = self.lock_idx();
+        self.checkpoint_locked(&mut idx, true)
+    }
+
+    fn checkpoint_locked(&self, idx: &mut Idx, force: bool) -> Result<(), LiteError> {
+        idx.last_checkpoint = Instant::now();
+        if !force && idx.dirty.is_empty() && idx.gone.is_empty() {
+            return Ok(());
+        }
+        idx.entries.sync()?;
+        let (lanes, cp, rewrite) = {
+            let t = self.lock();
+            // The table's next offset counts entries still pending; the journal keeps what is
+            // in the files.
+            let mut pending: HashMap<u64, u64> = HashMap::new();
+            for p in &t.pending {
+                *pending.entry(p.lane).or_default() += 1;
+            }
+            let live = t.lanes.len() as u64;
+            let rewrite = idx.journal.len() > (16 << 20).max(live * 64 * 4);
+            let mut buf = Vec::new();
+            let mut put = |id: u64, l: &Lane| {
+                if l.last_entry == NONE {
+                    return;
+                }
+                encode_lane(
+                    &mut buf,
+                    &LaneRecordRef {
+                        id,
+                        parent: l.parent,
+                        last_entry: l.last_entry,
+                        next: l.next - pending.get(&id).copied().unwrap_or(0),
+                        last_pub_us: l.last_pub_us,
+                        key: &l.key,
+                    },
+                );
+            };
+            if rewrite {
+                for (id, l) in &t.lanes {
+                    put(*id, l);
+                }
+            } else {
+                for id in &idx.dirty {
+                    if let Some(l) = t.lanes.get(id) {
+                        put(*id, l);
+                    }
+                }
+            }
+            let cp = Checkpoint {
+                entries_end: idx.entries.end(),
+                watermark: idx.watermark,
+                next_id: t.next_id,
+            };
+            (buf, cp, rewrite)
+        };
+        if rewrite {
+            idx.journal.rewrite(lanes, &cp)?;
+        } else {
+            let gone = std::mem::take(&mut idx.gone);
+            idx.journal.append(lanes, &gone, &cp)?;
+        }
+        idx.dirty.clear();
+        idx.gone.clear();
+        // Entries whose records left the log go with whole files.
+        let first = self.store.first_offset();
+        let below = idx.entries.seek_pos(first)?;
+        if idx.entries.drop_files_below(below)? > 0 {
+            let head = idx.entries.head();
+            for m in idx.marks.values_mut() {
+                m.retain(|_, i| *i >= head);
+            }
+        }
         Ok(())
     }
 
@@ -477,6 +751,7 @@ impl Engine {
                         key,
                         next: 0,
                         last_pub_us: now,
+                        last_entry: NONE,
                     },
                 );
                 new = true;
@@ -488,6 +763,7 @@ impl Engine {
             key: key.into(),
             next: 0,
             last_pub_us: now,
+            last_entry: NONE,
         });
         let seq = l.next;
         l.next += 1;
@@ -514,36 +790,49 @@ impl Engine {
         !self.lock().pending.is_empty()
     }
 
-    /// Write the entries whose records are durable to sled (with the watermark); returns
-    /// them (the lanes that have new messages).
+    /// Append the entries whose records are durable to the entry files; returns them (the
+    /// lanes that have new messages). They are durable at the next checkpoint.
     pub fn index_durable(&self) -> Result<Vec<Pending>, LiteError> {
         let committed = self.store.committed_offset();
-        let (done, watermark) = {
+        let mut idx = self.lock_idx();
+        let idx = &mut *idx;
+        let (done, watermark, add) = {
             let mut t = self.lock();
-            // Bounded sled batches: one huge batch makes sled hold its whole image in memory.
             let n = t
                 .pending
                 .partition_point(|p| p.pos < committed)
                 .min(INDEX_BATCH_MAX);
-            if n == 0 {
-                return Ok(Vec::new());
-            }
             let done: Vec<Pending> = t.pending.drain(..n).collect();
             let watermark = t
                 .pending
                 .first()
                 .map_or(committed, |p| p.pos.min(committed));
-            (done, watermark)
+            let base = idx.entries.end();
+            let mut add = Vec::with_capacity(done.len());
+            for p in &done {
+                let Some(l) = t.lanes.get_mut(&p.lane) else {
+                    continue;
+                };
+                let i = base + add.len() as u64;
+                add.push(LaneEntry {
+                    lane: p.lane,
+                    seq: p.seq,
+                    pos: p.pos,
+                    ts_us: p.ts_us,
+                    prev: l.last_entry,
+                });
+                l.last_entry = i;
+            }
+            (done, watermark, add)
         };
-        let mut b = sled::Batch::default();
-        for p in &done {
-            let mut v = [0u8; 16];
-            v[..8].copy_from_slice(&p.pos.to_be_bytes());
-            v[8..].copy_from_slice(&p.ts_us.to_be_bytes());
-            b.insert(&entry_key(p.lane, p.seq), &v[..]);
+        idx.watermark = idx.watermark.max(watermark);
+        if done.is_empty() {
+            return Ok(done);
         }
-        b.insert(b"w", &watermark.to_be_bytes());
-        self.tree.apply_batch(b)?;
+        idx.entries.append(&add)?;
+        for e in &add {
+            idx.dirty.insert(e.lane);
+        }
         self.counters
             .indexed
             .fetch_add(done.len() as u64, Ordering::Relaxed);
@@ -557,22 +846,46 @@ impl Engine {
         from: u64,
         max: usize,
     ) -> Result<Vec<(u64, u64, u64)>, LiteError> {
-        let mut out = Vec::new();
-        for kv in self
-            .tree
-            .range(entry_key(lane, from)..=entry_key(lane, u64::MAX))
-        {
-            let (k, v) = kv?;
-            out.push((
-                be64(&k[9..]),
-                be64(&v[..8]),
-                be64(v.get(8..16).unwrap_or(&[])),
-            ));
-            if out.len() >= max {
-                break;
-            }
+        if max == 0 {
+            return Ok(Vec::new());
         }
+        let mut idx = self.lock_idx();
+        let Some(last) = self.lock().lanes.get(&lane).map(|l| l.last_entry) else {
+            return Ok(Vec::new());
+        };
+        let target = from.saturating_add(max as u64 - 1);
+        let start = idx
+            .marks
+            .get(&lane)
+            .and_then(|m| m.range(target..).next().map(|(_, &i)| i))
+            .unwrap_or(last);
+        let mut out = Vec::new();
+        walk(&mut idx, lane, start, from, |e| {
+            if e.seq <= target {
+                out.push((e.seq, e.pos, e.ts_us));
+            }
+        })?;
+        out.reverse();
+        out.truncate(max);
         Ok(out)
+    }
+
+    /// The oldest offset of `lane` still in the index (`next` if none).
+    fn first_seq(&self, lane: u64, next: u64) -> u64 {
+        let mut idx = self.lock_idx();
+        let Some(last) = self.lock().lanes.get(&lane).map(|l| l.last_entry) else {
+            return next;
+        };
+        let start = idx
+            .marks
+            .get(&lane)
+            .and_then(|m| m.first_key_value().map(|(_, &i)| i))
+            .unwrap_or(last);
+        let mut first = next;
+        if walk(&mut idx, lane, start, 0, |e| first = first.min(e.seq)).is_err() {
+            return next;
+        }
+        first
     }
 
     /// The lane's next offset, its parent and key (None if it does not exist).
@@ -667,7 +980,8 @@ impl Engine {
         Ok(())
     }
 
-    fn remove_lane_data(&self, lane: u64) -> Result<(), LiteError> {
+    /// Remove a lane's group offsets; its entries become garbage (reclaimed with their file).
+    fn remove_lane_data(&self, idx: &mut Idx, lane: u64) -> Result<(), LiteError> {
         let mut b = sled::Batch::default();
         b.remove(&lane_key(b'm', lane));
         for prefix in [lane_key(b'i', lane), lane_key(b'g', lane)] {
@@ -677,6 +991,9 @@ impl Engine {
             }
         }
         self.tree.apply_batch(b)?;
+        idx.marks.remove(&lane);
+        idx.dirty.remove(&lane);
+        idx.gone.push(lane);
         Ok(())
     }
 
@@ -688,6 +1005,7 @@ impl Engine {
             .iter()
             .map(|p| (p.id, p.def.ttl_s.saturating_mul(1_000_000)))
             .collect();
+        let mut idx = self.lock_idx();
         let expired: Vec<Expired> = {
             let mut t = self.lock();
             let pending: std::collections::HashSet<u64> =
@@ -718,7 +1036,7 @@ impl Engine {
                 .collect()
         };
         for e in &expired {
-            self.remove_lane_data(e.lane)?;
+            self.remove_lane_data(&mut idx, e.lane)?;
         }
         if !expired.is_empty() {
             self.counters
@@ -876,8 +1194,11 @@ impl Engine {
             t.pending.retain(|p| !gone.contains(&p.lane));
             ids
         };
-        for id in &ids {
-            self.remove_lane_data(*id)?;
+        {
+            let mut idx = self.lock_idx();
+            for id in &ids {
+                self.remove_lane_data(&mut idx, *id)?;
+            }
         }
         let mut p = vec![b'G'];
         p.extend_from_slice(&old.id.to_be_bytes());
@@ -890,12 +1211,7 @@ impl Engine {
     }
 
     fn lane_info(&self, p: &Parent, id: u64, l: &Lane) -> LaneInfo {
-        let first = self
-            .tree
-            .scan_prefix(lane_key(b'i', id))
-            .next()
-            .and_then(|r| r.ok())
-            .map_or(l.next, |(k, _)| be64(&k[9..]));
+        let first = self.first_seq(id, l.next);
         LaneInfo {
             lane: l.key.to_string(),
             id,
@@ -948,6 +1264,7 @@ impl Engine {
                     key,
                     next,
                     last_pub_us: last,
+                    last_entry: NONE,
                 };
                 self.lane_info(&p, id, &l)
             })
@@ -974,6 +1291,7 @@ impl Engine {
                 key,
                 next,
                 last_pub_us: last,
+                last_entry: NONE,
             };
             self.lane_info(&p, id, &l)
         }))
@@ -993,5 +1311,241 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// `<data_dir>/lanes`, next to the log.
+fn lanes_dir(store: &Store) -> PathBuf {
+    let log = store.log_dir();
+    log.parent().unwrap_or(log).join("lanes")
+}
+
+/// Walk `lane`'s chain down from entry `i` to offset `from` (newest first), calling `f` on
+/// each entry; leaves a mark every [`MARK_EVERY`] entries of a long walk. The walk ends at the
+/// chain's start, at removed entries, and at anything that is not the lane's previous offset.
+fn walk(
+    idx: &mut Idx,
+    lane: u64,
+    mut i: u64,
+    from: u64,
+    mut f: impl FnMut(&LaneEntry),
+) -> Result<(), LiteError> {
+    let mut steps = 0u64;
+    let mut expect: Option<u64> = None;
+    let mut marks = Vec::new();
+    while i != NONE {
+        let Some(e) = idx.entries.get(i)? else {
+            break;
+        };
+        if e.lane != lane || e.seq < from || expect.is_some_and(|x| x != e.seq) {
+            break;
+        }
+        f(&e);
+        steps += 1;
+        if steps % MARK_EVERY == 0 {
+            marks.push((e.seq, i));
+        }
+        if e.seq == from || e.seq == 0 {
+            break;
+        }
+        expect = Some(e.seq - 1);
+        i = e.prev;
+    }
+    if !marks.is_empty() {
+        idx.marks.entry(lane).or_default().extend(marks);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use lanemq_store::{Index, RecordIn, StoreOptions};
+
+    struct TempDir(PathBuf);
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    struct Fixture {
+        dir: TempDir,
+        store: Store,
+        index: Index,
+    }
+
+    impl Fixture {
+        fn new(tag: &str) -> Fixture {
+            let dir = std::env::temp_dir().join(format!(
+                "lanemq-lite-{tag}-{}-{}",
+                std::process::id(),
+                now_us()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let (store, _) = Store::open(StoreOptions::new(&dir)).unwrap();
+            let index = Index::open(&dir.join("index")).unwrap();
+            Fixture {
+                dir: TempDir(dir),
+                store,
+                index,
+            }
+        }
+
+        fn engine(&self) -> Arc<Engine> {
+            let def = ParentDef {
+                name: "agents".into(),
+                pattern: "agents/{lane}/#".into(),
+                ..ParentDef::default()
+            };
+            Engine::open(self.store.clone(), &self.index, &[def]).unwrap()
+        }
+
+        /// Publish to `agents/<key>/x` through the engine's assign, durably.
+        fn publish(&self, e: &Engine, key: &str) -> u64 {
+            let rec = RecordIn {
+                qos: 1,
+                topic: format!("agents/{key}/x"),
+                client_id: "c".into(),
+                ..RecordIn::default()
+            };
+            let Classified::Lane { parent, key } = e.classify(&rec.topic.clone()) else {
+                panic!("not a lane");
+            };
+            let off = self
+                .store
+                .append_with(
+                    rec,
+                    |pos, hints| hints.push(e.assign(parent, &key, pos)),
+                    Box::new(|_| {}),
+                )
+                .unwrap();
+            self.store.sync().unwrap();
+            off
+        }
+
+        /// Stop without a checkpoint (a crash of the lane index), reopen store and index.
+        fn reopen(self) -> Fixture {
+            let Fixture { dir, store, index } = self;
+            store.close().unwrap();
+            index.flush().unwrap();
+            drop(store);
+            drop(index);
+            let (store, _) = Store::open(StoreOptions::new(&dir.0)).unwrap();
+            let index = Index::open(&dir.0.join("index")).unwrap();
+            Fixture { dir, store, index }
+        }
+    }
+
+    fn index_all(e: &Engine) {
+        while e.has_pending() {
+            e.index_durable().unwrap();
+        }
+    }
+
+    fn offsets(e: &Engine, key: &str, from: u64, max: usize) -> Vec<u64> {
+        let lane = e.lane_id(e.parent("agents").unwrap().id, key).unwrap();
+        e.read_lane(lane, from, max)
+            .unwrap()
+            .into_iter()
+            .map(|x| x.0)
+            .collect()
+    }
+
+    #[test]
+    fn lanes_read_back_from_their_chains_and_survive_a_crash_after_a_checkpoint() {
+        let f = Fixture::new("chain");
+        let e = f.engine();
+        let mut pos_b = Vec::new();
+        for i in 0..3000u64 {
+            f.publish(&e, "a");
+            if i % 3 == 0 {
+                pos_b.push(f.publish(&e, "b"));
+            }
+        }
+        index_all(&e);
+        assert_eq!(offsets(&e, "b", 0, 5), [0, 1, 2, 3, 4]);
+        // A deep read leaves marks; reads below and above them are exact.
+        assert_eq!(offsets(&e, "a", 10, 3), [10, 11, 12]);
+        assert_eq!(offsets(&e, "a", 2998, 10), [2998, 2999]);
+        assert_eq!(offsets(&e, "a", 1500, 2), [1500, 1501]);
+        assert_eq!(offsets(&e, "a", 3000, 2), Vec::<u64>::new());
+        let lane_b = e.lane_id(e.parent("agents").unwrap().id, "b").unwrap();
+        let got: Vec<u64> = e
+            .read_lane(lane_b, 0, 10_000)
+            .unwrap()
+            .into_iter()
+            .map(|x| x.1)
+            .collect();
+        assert_eq!(got, pos_b);
+        e.checkpoint().unwrap();
+        // After the checkpoint: 5 more messages in `a`, a new lane `c`, indexed, not
+        // checkpointed; then the process dies.
+        for _ in 0..5 {
+            f.publish(&e, "a");
+        }
+        f.publish(&e, "c");
+        index_all(&e);
+        drop(e);
+        let f = f.reopen();
+        let e = f.engine();
+        assert_eq!(e.lane_count(), 3);
+        assert_eq!(
+            e.next_offset(e.lane_id(e.parent("agents").unwrap().id, "a").unwrap()),
+            3005
+        );
+        assert_eq!(
+            offsets(&e, "a", 2999, 10),
+            [2999, 3000, 3001, 3002, 3003, 3004]
+        );
+        assert_eq!(offsets(&e, "a", 0, 2), [0, 1]);
+        assert_eq!(offsets(&e, "c", 0, 2), [0]);
+        assert_eq!(offsets(&e, "b", 999, 5), [999]);
+        // New offsets continue after the recovered ones.
+        f.publish(&e, "a");
+        index_all(&e);
+        assert_eq!(offsets(&e, "a", 3005, 2), [3005]);
+        let (info, _) = e.list_lanes("agents", None, 10).unwrap();
+        let a = info.iter().find(|l| l.lane == "a").unwrap();
+        assert_eq!((a.first_offset, a.next_offset), (0, 3006));
+    }
+
+    #[test]
+    fn an_older_versions_sled_entries_move_into_the_entry_files() {
+        let f = Fixture::new("legacy");
+        let e = f.engine();
+        let mut pos = Vec::new();
+        for _ in 0..4 {
+            pos.push(f.publish(&e, "k"));
+        }
+        drop(e);
+        // What an older version stored: one sled entry per message, and the watermark.
+        let tree = f.index.tree("l_lite").unwrap();
+        for (seq, p) in pos.iter().enumerate() {
+            let mut k = vec![b'i'];
+            k.extend_from_slice(&0u64.to_be_bytes());
+            k.extend_from_slice(&(seq as u64).to_be_bytes());
+            let mut v = p.to_be_bytes().to_vec();
+            v.extend_from_slice(&7u64.to_be_bytes());
+            tree.insert(k, v).unwrap();
+        }
+        tree.insert([b'w'], &(pos[3] + 1).to_be_bytes()).unwrap();
+        let dir = lanes_dir(&f.store);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = f.engine();
+        let lane = e.lane_id(e.parent("agents").unwrap().id, "k").unwrap();
+        let got: Vec<(u64, u64)> = e
+            .read_lane(lane, 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|x| (x.0, x.1))
+            .collect();
+        assert_eq!(got, (0..4).zip(pos.iter().copied()).collect::<Vec<_>>());
+        assert!(tree.scan_prefix([b'i']).next().is_none());
+        assert!(tree.get([b'w']).unwrap().is_none());
+        assert_eq!(e.next_offset(lane), 4);
     }
 }

@@ -4,16 +4,20 @@
 //! (`agents/{lane}/#`). Every publish whose topic matches it goes into the *lane* of its key:
 //! created by its first message, given a dense per-lane offset under the log's append lock
 //! (stored in the record as an index hint, so the index can be rebuilt from the log), indexed
-//! in sled as `(lane, offset) -> log position`, and expired after the parent's TTL without
-//! publishes.
+//! as one 40-byte entry in files shared by all lanes, and expired after the parent's TTL
+//! without publishes.
 //!
 //! - [`model`]: the parent resource (serde, validation) and its pattern;
+//! - [`entries`]: the lane entry files (the index);
+//! - [`journal`]: the lane table as of the last checkpoint;
 //! - [`engine`]: the parent registry, the lane table, the index and the group offsets in sled.
 //!
 //! Consumer groups (dispatch, acks, suspend, dead letters) live in the broker
 //! (`crates/broker/src/lite.rs`): they deliver to sessions.
 
 pub mod engine;
+pub mod entries;
+pub mod journal;
 pub mod model;
 
 pub use engine::{Engine, LaneInfo, LiteError, ParentInfo};

@@ -1,0 +1,366 @@
+//! The lane table journal: what the lane table looked like at the last checkpoint.
+//!
+//! `<data_dir>/lanes/table.lj` is an append-only file of checksummed records. At every
+//! checkpoint the engine appends one `Lane` record per lane whose indexed state changed since
+//! the previous checkpoint (id, parent, key, newest entry, next offset, last publish time),
+//! one `Gone` record per lane removed, then a `Checkpoint` record (the synced end of the lane
+//! entry files, the log watermark below which every lane hint is in them, the next lane id),
+//! and fsyncs. When the file has grown well past the live table it is rewritten whole
+//! (temporary file, fsync, rename).
+//!
+//! # Invariants
+//!
+//! - Records count only up to the last intact `Checkpoint` record: a torn tail (crash during
+//!   a checkpoint) is ignored and cut at open, so the loaded table is exactly the table of a
+//!   completed checkpoint.
+//! - Record framing: `len u32 LE | crc32c(payload) u32 LE | payload`, `payload[0]` the kind.
+//!   Integers are little-endian.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 8] = b"LMQLJ1\n\0";
+const FILE: &str = "table.lj";
+const KIND_LANE: u8 = 1;
+const KIND_GONE: u8 = 2;
+const KIND_CHECKPOINT: u8 = 3;
+/// Longest payload accepted when reading (a lane key is at most a topic).
+const PAYLOAD_MAX: usize = 1 << 17;
+
+/// One lane as journaled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneRecord {
+    pub id: u64,
+    pub parent: u32,
+    /// Index of the lane's newest entry ([`crate::entries::NONE`] if none).
+    pub last_entry: u64,
+    /// Offset after the lane's newest indexed entry.
+    pub next: u64,
+    pub last_pub_us: u64,
+    pub key: Box<str>,
+}
+
+/// The end of a completed checkpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Synced end of the lane entry files.
+    pub entries_end: u64,
+    /// Every lane hint of a log record below this position is in the entry files.
+    pub watermark: u64,
+    /// Lane ids below this are used or were.
+    pub next_id: u64,
+}
+
+/// What [`Journal::open`] loaded.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub lanes: HashMap<u64, LaneRecord>,
+    /// None: no checkpoint was ever completed (a new data directory).
+    pub checkpoint: Option<Checkpoint>,
+    /// Bytes of a torn tail that were cut.
+    pub cut: u64,
+}
+
+/// The open journal.
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    file: File,
+    len: u64,
+}
+
+fn put_u64(b: &mut Vec<u8>, v: u64) {
+    b.extend_from_slice(&v.to_le_bytes());
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn frame(out: &mut Vec<u8>, payload: &[u8]) {
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Append one framed `Lane` record to `out`.
+pub fn encode_lane(out: &mut Vec<u8>, r: &LaneRecordRef<'_>) {
+    let mut p = Vec::with_capacity(37 + r.key.len());
+    p.push(KIND_LANE);
+    put_u64(&mut p, r.id);
+    p.extend_from_slice(&r.parent.to_le_bytes());
+    put_u64(&mut p, r.last_entry);
+    put_u64(&mut p, r.next);
+    put_u64(&mut p, r.last_pub_us);
+    p.extend_from_slice(r.key.as_bytes());
+    frame(out, &p);
+}
+
+/// A lane record to write, borrowing its key from the table.
+#[derive(Debug, Clone, Copy)]
+pub struct LaneRecordRef<'a> {
+    pub id: u64,
+    pub parent: u32,
+    pub last_entry: u64,
+    pub next: u64,
+    pub last_pub_us: u64,
+    pub key: &'a str,
+}
+
+fn encode_gone(out: &mut Vec<u8>, id: u64) {
+    let mut p = vec![KIND_GONE];
+    put_u64(&mut p, id);
+    frame(out, &p);
+}
+
+fn encode_checkpoint(out: &mut Vec<u8>, c: &Checkpoint) {
+    let mut p = vec![KIND_CHECKPOINT];
+    put_u64(&mut p, c.entries_end);
+    put_u64(&mut p, c.watermark);
+    put_u64(&mut p, c.next_id);
+    frame(out, &p);
+}
+
+enum Rec {
+    Lane(LaneRecord),
+    Gone(u64),
+    Checkpoint(Checkpoint),
+}
+
+fn decode(p: &[u8]) -> Option<Rec> {
+    match *p.first()? {
+        KIND_LANE => Some(Rec::Lane(LaneRecord {
+            id: u64_at(p, 1)?,
+            parent: u32::from_le_bytes(p.get(9..13)?.try_into().ok()?),
+            last_entry: u64_at(p, 13)?,
+            next: u64_at(p, 21)?,
+            last_pub_us: u64_at(p, 29)?,
+            key: std::str::from_utf8(p.get(37..)?).ok()?.into(),
+        })),
+        KIND_GONE => Some(Rec::Gone(u64_at(p, 1)?)),
+        KIND_CHECKPOINT => Some(Rec::Checkpoint(Checkpoint {
+            entries_end: u64_at(p, 1)?,
+            watermark: u64_at(p, 9)?,
+            next_id: u64_at(p, 17)?,
+        })),
+        _ => None,
+    }
+}
+
+impl Journal {
+    /// Open (or create) the journal in `dir` and load the table of its last checkpoint.
+    pub fn open(dir: &Path) -> io::Result<(Journal, Loaded)> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let mut loaded = Loaded::default();
+        let good = if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+            if !bytes.is_empty() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: not a lane table journal", path.display()),
+                ));
+            }
+            0
+        } else {
+            let mut at = MAGIC.len();
+            let mut good = at;
+            let mut batch: Vec<Rec> = Vec::new();
+            while let Some(head) = bytes.get(at..at + 8) {
+                let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+                let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+                if len > PAYLOAD_MAX {
+                    break;
+                }
+                let Some(p) = bytes.get(at + 8..at + 8 + len) else {
+                    break;
+                };
+                if crc32c::crc32c(p) != crc {
+                    break;
+                }
+                let Some(r) = decode(p) else {
+                    break;
+                };
+                at += 8 + len;
+                if let Rec::Checkpoint(c) = r {
+                    for r in batch.drain(..) {
+                        match r {
+                            Rec::Lane(l) => {
+                                loaded.lanes.insert(l.id, l);
+                            }
+                            Rec::Gone(id) => {
+                                loaded.lanes.remove(&id);
+                            }
+                            Rec::Checkpoint(_) => {}
+                        }
+                    }
+                    loaded.checkpoint = Some(c);
+                    good = at;
+                } else {
+                    batch.push(r);
+                }
+            }
+            good
+        };
+        loaded.cut = (bytes.len() - good.min(bytes.len())) as u64;
+        let mut j = Journal {
+            dir: dir.to_path_buf(),
+            file,
+            len: good as u64,
+        };
+        if good == 0 {
+            j.file.set_len(0)?;
+            j.file.write_all(MAGIC)?;
+            j.file.sync_all()?;
+            File::open(dir)?.sync_all()?;
+            j.len = MAGIC.len() as u64;
+        } else if loaded.cut > 0 {
+            j.file.set_len(good as u64)?;
+            j.file.sync_all()?;
+        }
+        Ok((j, loaded))
+    }
+
+    /// Bytes in the file.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len <= MAGIC.len() as u64
+    }
+
+    /// Append a checkpoint: `lanes` (already framed with [`encode_lane`]), the removed lanes,
+    /// the checkpoint record; fsync.
+    pub fn append(&mut self, mut lanes: Vec<u8>, gone: &[u64], c: &Checkpoint) -> io::Result<()> {
+        for id in gone {
+            encode_gone(&mut lanes, *id);
+        }
+        encode_checkpoint(&mut lanes, c);
+        use std::io::Seek;
+        self.file.seek(io::SeekFrom::Start(self.len))?;
+        self.file.write_all(&lanes)?;
+        self.file.sync_data()?;
+        self.len += lanes.len() as u64;
+        Ok(())
+    }
+
+    /// Replace the file with the whole table (`lanes`, framed) and the checkpoint record.
+    pub fn rewrite(&mut self, lanes: Vec<u8>, c: &Checkpoint) -> io::Result<()> {
+        let tmp = self.dir.join(format!("{FILE}.tmp"));
+        let mut bytes = Vec::with_capacity(lanes.len() + 64);
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&lanes);
+        encode_checkpoint(&mut bytes, c);
+        {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, self.dir.join(FILE))?;
+        File::open(&self.dir)?.sync_all()?;
+        self.file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.dir.join(FILE))?;
+        self.len = bytes.len() as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "lanemq-lane-journal-{tag}-{}-{}",
+            std::process::id(),
+            lanemq_store::now_us()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn lane(id: u64, next: u64, key: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        encode_lane(
+            &mut b,
+            &LaneRecordRef {
+                id,
+                parent: 3,
+                last_entry: next * 2,
+                next,
+                last_pub_us: 77,
+                key,
+            },
+        );
+        b
+    }
+
+    #[test]
+    fn the_table_of_the_last_complete_checkpoint_is_loaded_and_a_torn_tail_cut() {
+        let d = dir("torn");
+        let (mut j, l) = Journal::open(&d).unwrap();
+        assert!(l.checkpoint.is_none() && l.lanes.is_empty());
+        let c1 = Checkpoint {
+            entries_end: 10,
+            watermark: 100,
+            next_id: 3,
+        };
+        let mut b = lane(1, 4, "a");
+        b.extend(lane(2, 1, "b"));
+        j.append(b, &[], &c1).unwrap();
+        let c2 = Checkpoint {
+            entries_end: 12,
+            watermark: 120,
+            next_id: 3,
+        };
+        j.append(lane(1, 6, "a"), &[2], &c2).unwrap();
+        let complete = j.len();
+        // A torn third checkpoint: a lane record without its checkpoint record.
+        j.file.write_all(&lane(9, 1, "zz")).unwrap();
+        j.file.write_all(&[1, 2, 3]).unwrap();
+        drop(j);
+        let (j, l) = Journal::open(&d).unwrap();
+        assert_eq!(l.checkpoint, Some(c2));
+        assert_eq!(l.lanes.len(), 1);
+        let a = &l.lanes[&1];
+        assert_eq!((a.next, a.last_entry, &*a.key, a.parent), (6, 12, "a", 3));
+        assert!(l.cut > 0);
+        assert_eq!(j.len(), complete);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_rewrite_keeps_only_the_live_table() {
+        let d = dir("rewrite");
+        let (mut j, _) = Journal::open(&d).unwrap();
+        let c = Checkpoint {
+            entries_end: 1,
+            watermark: 2,
+            next_id: 9,
+        };
+        for n in 0..50 {
+            j.append(lane(5, n, "k"), &[], &c).unwrap();
+        }
+        let before = j.len();
+        j.rewrite(lane(5, 50, "k"), &c).unwrap();
+        assert!(j.len() < before / 10, "{} vs {before}", j.len());
+        drop(j);
+        let (_, l) = Journal::open(&d).unwrap();
+        assert_eq!(l.lanes[&5].next, 50);
+        assert_eq!(l.checkpoint, Some(c));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
