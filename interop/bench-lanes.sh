@@ -10,8 +10,12 @@
 #          subscribes with `lane-offset=latest` (so the idle lanes' messages are not replayed).
 #   fresh  the same active phase on a fresh broker without the idle lanes (target: p99 within
 #          1.25x of the idle run).
-#   a2a    the RocketMQ-A2A shape: A2A_LANES lanes created, then A2A_RATE msg/s to random lanes
-#          among them for SECS s through the same group (target: p95 <= 10 ms).
+#   a2a    the RocketMQ-A2A shape: A2A_LANES lanes created, then on that broker, each for SECS s
+#          through the same group: A2A_RATE msg/s to random lanes among them (target: p95 <= 10
+#          ms); the same with A2A_NEW_RATE msg/s more to lanes created during the run (one
+#          message each: creation under load, target p95 <= 10 ms); A2A_FAST_RATE msg/s (target
+#          p95 <= 20 ms); then the broker is killed (-9) and restarted: time until a client gets
+#          its CONNACK (the broker accepts clients only once storage, streams and lanes are open).
 #   plain  (opt-in) the active phase on a broker without lite parents: a plain MQTT shared
 #          subscription (round robin, no per-lane order), the baseline for the lanes' latency.
 #   control (opt-in) LANES messages to topics outside any lite parent (`bench/l-<i>/x`) on a
@@ -22,7 +26,8 @@
 # is on 127.0.0.1.
 #
 # Environment: LANES=1000000 ACTIVE=1000 RATE=10000 SECS=10 WARMUP=1 MEMBERS=4
-#              A2A_LANES=LANES/2 A2A_RATE=12500 PUBS=4 INFLIGHT=1000 PAYLOAD=100 FSYNC=interval
+#              A2A_LANES=LANES/2 A2A_RATE=12500 A2A_NEW_RATE=2500 A2A_FAST_RATE=25000 PUBS=4
+#              INFLIGHT=1000 PAYLOAD=100 FSYNC= (empty: the broker's default, "always")
 #              SECTIONS="idle fresh a2a" (add "plain", "control")  REPEAT=1 (active runs per broker in
 #              idle/fresh, alternating; the table shows the median run by p99)  PAUSE=3 (seconds after
 #              `sync` between a create phase and the active phase)  SKIP_BUILD=1  KEEP_TMP=1
@@ -41,10 +46,12 @@ WARMUP=${WARMUP:-1}
 MEMBERS=${MEMBERS:-4}
 A2A_LANES=${A2A_LANES:-$((LANES / 2))}
 A2A_RATE=${A2A_RATE:-12500}
+A2A_NEW_RATE=${A2A_NEW_RATE:-2500}
+A2A_FAST_RATE=${A2A_FAST_RATE:-25000}
 PUBS=${PUBS:-4}
 INFLIGHT=${INFLIGHT:-1000}
 PAYLOAD=${PAYLOAD:-100}
-FSYNC=${FSYNC:-interval}
+FSYNC=${FSYNC:-}
 SECTIONS=${SECTIONS:-"idle fresh a2a"}
 REPEAT=${REPEAT:-1}
 PAUSE=${PAUSE:-3}
@@ -87,7 +94,8 @@ PY
 config() { # [nolite]
   {
     printf '[server]\nsys_interval_s = 0\nacl_file = "%s/allow.acl"\n' "$TMP"
-    printf '[admin]\nenable = false\n[storage]\nfsync = "%s"\n' "$FSYNC"
+    printf '[admin]\nenable = false\n[storage]\n'
+    [ -z "$FSYNC" ] || printf 'fsync = "%s"\n' "$FSYNC"
     [ -z "${STORAGE_TOML:-}" ] || printf '%s\n' "$STORAGE_TOML"
     if [ -z "${NO_LITE:-}" ] && [ "${1:-}" != nolite ]; then
       printf '[[lite.parents]]\nname = "agents"\npattern = "agents/{lane}/#"\n'
@@ -197,9 +205,45 @@ if [[ " $SECTIONS " == *" a2a "* ]]; then
   start a2a
   bench a2a-create --lanes-count "$A2A_LANES" "${CREATE[@]}"
   quiesce
-  bench a2a-active --lanes active --lanes-active "$A2A_LANES" --lanes-pick random --rate "$A2A_RATE" \
-    --duration "$SECS" --warmup "$WARMUP" --lanes-members "$MEMBERS" --lanes-offset latest \
-    --publishers "$PUBS" --inflight "$INFLIGHT" --drain 5
+  A2A_ARGS=(--lanes active --lanes-active "$A2A_LANES" --lanes-pick random --duration "$SECS"
+    --warmup "$WARMUP" --lanes-members "$MEMBERS" --lanes-offset latest --publishers "$PUBS"
+    --inflight "$INFLIGHT" --drain 5)
+  bench a2a-active --rate "$A2A_RATE" "${A2A_ARGS[@]}"
+  bench a2a-new --rate "$A2A_RATE" --lanes-new-rate "$A2A_NEW_RATE" "${A2A_ARGS[@]}"
+  bench a2a-fast --rate "$A2A_FAST_RATE" "${A2A_ARGS[@]}"
+  # Restart after kill -9: time from exec to the first CONNACK.
+  kill -9 "$PID"
+  wait "$PID" 2>/dev/null || true
+  RECORDS=$(du -sm "$TMP/d-a2a/log" | cut -f1)
+  t0=$(date +%s.%N)
+  "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$TMP/d-a2a" --config "$TMP/cfg.toml" \
+    >>"$TMP/broker-a2a.log" 2>&1 &
+  PID=$!
+  ALL_PIDS+=("$PID")
+  RESTART_S=$(python3 - "$PORT" "$t0" <<'PY'
+import socket, sys, time
+port, t0 = int(sys.argv[1]), float(sys.argv[2])
+# MQTT 5 CONNECT, clean start, keep alive 60, client id "restart-probe"
+cid = b"restart-probe"
+var = b"\x00\x04MQTT\x05\x02\x00\x3c\x00"
+body = var + len(cid).to_bytes(2, "big") + cid
+pkt = bytes([0x10, len(body)]) + body
+while time.time() - t0 < 300:
+    try:
+        s = socket.create_connection(("127.0.0.1", port), 0.5)
+        s.settimeout(120)
+        s.sendall(pkt)
+        if s.recv(1)[:1] == b"\x20":
+            print("%.2f" % (time.time() - t0))
+            sys.exit(0)
+    except OSError:
+        time.sleep(0.01)
+print("-")
+PY
+)
+  sleep 1
+  RESTART_LOG=$(sed 's/\x1b\[[0-9;]*m//g' "$TMP/broker-a2a.log" | grep "lite lanes recovered" | tail -1 |
+    grep -o 'lanes=.*' || true)
   stop
 fi
 if [[ " $SECTIONS " == *" plain "* ]]; then
@@ -218,10 +262,10 @@ echo
 echo "### lanes benchmark ($START)"
 echo
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB RAM;" \
-  "git $(git rev-parse --short HEAD 2>/dev/null || echo '?'); fsync=$FSYNC; payload $PAYLOAD B; QoS 1"
+  "git $(git rev-parse --short HEAD 2>/dev/null || echo '?'); fsync=${FSYNC:-default (always)}; payload $PAYLOAD B; QoS 1"
 echo
 echo "command: ${STORAGE_TOML:+STORAGE_TOML='$STORAGE_TOML' }LANES=$LANES ACTIVE=$ACTIVE RATE=$RATE SECS=$SECS WARMUP=$WARMUP MEMBERS=$MEMBERS REPEAT=$REPEAT" \
-  "A2A_LANES=$A2A_LANES A2A_RATE=$A2A_RATE PUBS=$PUBS INFLIGHT=$INFLIGHT SECTIONS=\"$SECTIONS\" interop/bench-lanes.sh"
+  "A2A_LANES=$A2A_LANES A2A_RATE=$A2A_RATE A2A_NEW_RATE=$A2A_NEW_RATE A2A_FAST_RATE=$A2A_FAST_RATE PUBS=$PUBS INFLIGHT=$INFLIGHT SECTIONS=\"$SECTIONS\" interop/bench-lanes.sh"
 echo
 echo "| figure | value | target |"
 echo "|---|---|---|"
@@ -288,6 +332,17 @@ fi
 active_rows a2a-active "A2A: $A2A_RATE msg/s to random lanes of $A2A_LANES"
 if [ -f "$TMP/a2a-active.json" ]; then
   row "A2A p95" "$(ms "$(field a2a-active lanes.latency.p95_us)") ms" "≤ 10 ms"
+fi
+active_rows a2a-new "A2A: $A2A_RATE msg/s to random lanes of $A2A_LANES + $A2A_NEW_RATE msg/s to new lanes"
+if [ -f "$TMP/a2a-new.json" ]; then
+  row "A2A with lanes created under load, p95" "$(ms "$(field a2a-new lanes.latency.p95_us)") ms" "≤ 10 ms"
+fi
+active_rows a2a-fast "A2A: $A2A_FAST_RATE msg/s to random lanes of $A2A_LANES"
+if [ -f "$TMP/a2a-fast.json" ]; then
+  row "A2A at $A2A_FAST_RATE msg/s, p95" "$(ms "$(field a2a-fast lanes.latency.p95_us)") ms" "≤ 20 ms"
+fi
+if [ -n "${RESTART_S:-}" ]; then
+  row "restart after kill -9 ($RECORDS MiB of log, $A2A_LANES+ lanes): exec to first CONNACK" "$RESTART_S s ($RESTART_LOG)" "≤ 1 s"
 fi
 echo
 echo "lanemq-bench commands (--port/--broker-pid/--payload $PAYLOAD/--quiet added; a fresh broker per section):"

@@ -79,6 +79,10 @@ pub struct LanesOpts {
     /// active: how a publisher picks the lane of its next message.
     #[arg(id = "lanes_pick", long = "lanes-pick", value_enum, default_value_t = LanePick::Rotate)]
     pub pick: LanePick,
+    /// active: besides --rate, publish this many msg/s to lanes that do not exist yet (each
+    /// gets one message: lanes created under load), spread over the publishers.
+    #[arg(id = "lanes_new_rate", long = "lanes-new-rate", default_value_t = 0)]
+    pub new_rate: u64,
     /// active: shared-subscription group name.
     #[arg(id = "lanes_group", long = "lanes-group", default_value = "bench")]
     pub group: String,
@@ -131,6 +135,8 @@ pub struct LanesReport {
     pub group: String,
     pub lane_offset: String,
     pub rate: u64,
+    /// Messages per second to lanes created during the run (--lanes-new-rate).
+    pub new_rate: u64,
     /// Granted QoS per member (SUBACK reason).
     pub granted: Vec<u8>,
     /// Deliveries of this run's messages (duplicates included).
@@ -313,12 +319,24 @@ struct Picker {
     once: bool,
     k: usize,
     rng: Rng,
+    /// active with --lanes-new-rate: lanes not used yet, taken in order with probability
+    /// `fresh_p` per message.
+    fresh: Vec<u32>,
+    fresh_k: usize,
+    fresh_p: f64,
 }
 
 impl Picker {
     fn next(&mut self) -> Option<(u32, u32)> {
         if self.lanes.is_empty() {
             return None;
+        }
+        if self.fresh_p > 0.0 && self.fresh_k < self.fresh.len() {
+            let r = (self.rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+            if r < self.fresh_p {
+                self.fresh_k += 1;
+                return Some((self.fresh[self.fresh_k - 1], 0));
+            }
         }
         let i = if self.once {
             if self.k >= self.lanes.len() {
@@ -538,6 +556,7 @@ async fn publish_loop(
 async fn spawn_publishers(
     opts: &BenchOpts,
     lanes: u32,
+    fresh: u32,
     once: bool,
     rate: u64,
     start: Instant,
@@ -575,6 +594,10 @@ async fn spawn_publishers(
             Some(m) => opts.inflight.min(usize::from(m)).max(1),
             None => opts.inflight.min(65_000),
         };
+        let fresh_lanes: Vec<u32> = owned(i, n_pubs, fresh)
+            .into_iter()
+            .map(|l| l + lanes)
+            .collect();
         let lanes = owned(i, n_pubs, lanes);
         let phase = if rate > 0 {
             Duration::from_secs_f64(i as f64 / rate as f64)
@@ -591,6 +614,13 @@ async fn spawn_publishers(
                 once,
                 k: 0,
                 rng: Rng(nonce ^ (0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(i as u64 + 1)) | 1),
+                fresh: fresh_lanes,
+                fresh_k: 0,
+                fresh_p: if rate > 0 && fresh > 0 {
+                    opts.lanes.new_rate as f64 / rate as f64
+                } else {
+                    0.0
+                },
             },
             rate: per_pub_rate,
             start: start + phase,
@@ -694,6 +724,7 @@ async fn run_create(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         spawn_publishers(
             opts,
             lo.count,
+            0,
             true,
             opts.rate,
             base,
@@ -1095,6 +1126,7 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         group: lo.group.clone(),
         lane_offset: lo.offset.clone(),
         rate: opts.rate,
+        new_rate: lo.new_rate,
         rss_before_kb: opts.broker_pid.and_then(rss::vm_rss_kb),
         ..LanesReport::default()
     };
@@ -1138,7 +1170,9 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         }
         members.push(c);
     }
-    let lanes = lo.active as usize;
+    // Lanes created during the run: up to --lanes-new-rate per second of the whole run.
+    let fresh = (lo.new_rate as f64 * (opts.warmup + duration + 1.0)).ceil() as u32;
+    let lanes = lo.active as usize + fresh as usize;
     let state = Arc::new(LaneState {
         seq: (0..lanes).map(|_| AtomicU64::new(0)).collect(),
         offset: (0..lanes).map(|_| AtomicU64::new(0)).collect(),
@@ -1168,8 +1202,9 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         spawn_publishers(
             opts,
             lo.active,
+            fresh,
             false,
-            opts.rate,
+            opts.rate + lo.new_rate,
             start,
             Some(end),
             base,
@@ -1367,6 +1402,9 @@ mod tests {
             once: true,
             k: 0,
             rng: Rng(7),
+            fresh: Vec::new(),
+            fresh_k: 0,
+            fresh_p: 0.0,
         };
         assert_eq!(p.next(), Some((1, 0)));
         assert_eq!(p.next(), Some((4, 0)));
@@ -1376,6 +1414,13 @@ mod tests {
         assert_eq!(p.next(), Some((1, 1)));
         assert_eq!(p.next(), Some((4, 1)));
         assert_eq!(p.next(), Some((1, 2)));
+        // New lanes: each once, in order, about fresh_p of the messages.
+        p.fresh = vec![100, 103, 106];
+        p.fresh_p = 0.5;
+        let got: Vec<(u32, u32)> = (0..40).filter_map(|_| p.next()).collect();
+        let new: Vec<u32> = got.iter().filter(|x| x.0 >= 100).map(|x| x.0).collect();
+        assert_eq!(new, [100, 103, 106]);
+        assert!(got.iter().filter(|x| x.0 >= 100).all(|x| x.1 == 0));
     }
 
     #[test]

@@ -643,21 +643,31 @@ impl Dispatcher {
         // Lanes to look at: all of the member's for a new group, the one lane of a one-lane
         // member; a member joining a running group takes lanes from its ready set (the cost
         // of a join does not grow with the idle lanes).
-        let lanes = if fresh || (existing.is_none() && matches!(sel, LaneSel::One(_))) {
+        // A group created just now at `latest` has nothing to catch up on: its lanes are not
+        // even listed (millions of idle lanes cost nothing to a new group).
+        let latest = self
+            .groups
+            .get(&gid)
+            .is_some_and(|g| matches!(g.start, Start::Latest(_)))
+            && new;
+        let lanes = if !latest && (fresh || (existing.is_none() && matches!(sel, LaneSel::One(_))))
+        {
             self.engine.lanes_of(j.parent, &sel)
         } else {
             Vec::new()
         };
+        // Only the lanes with messages after the group's offset become ready.
+        let behind: Vec<u64> = lanes
+            .into_iter()
+            .filter(|&(lane, next)| next > 0 && self.committed_peek(gid, lane) < next)
+            .map(|(lane, _)| lane)
+            .collect();
         let g = match self.groups.get_mut(&gid) {
             Some(g) => g,
             None => return,
         };
-        // A group created just now at `latest` has nothing to catch up on.
-        let latest = matches!(g.start, Start::Latest(_)) && new;
-        for (lane, next) in lanes {
-            if next > 0 && !latest {
-                push_ready(g, lane);
-            }
+        for lane in behind {
+            push_ready(g, lane);
         }
         for lane in std::mem::take(&mut g.blocked) {
             push_ready(g, lane);
@@ -1164,6 +1174,25 @@ impl Dispatcher {
                 break;
             }
         }
+    }
+
+    /// Like [`Dispatcher::committed`], without caching what it looked up.
+    fn committed_peek(&self, gid: u64, lane: u64) -> u64 {
+        let Some(g) = self.groups.get(&gid) else {
+            return 0;
+        };
+        if let Some(&c) = g.committed.get(&lane) {
+            return c;
+        }
+        let stored = if g.private {
+            None
+        } else {
+            self.engine.load_commit(lane, &g.name).unwrap_or(None)
+        };
+        stored.unwrap_or(match g.start {
+            Start::Offset(n) => n,
+            _ => 0,
+        })
     }
 
     fn committed(&mut self, gid: u64, lane: u64) -> u64 {

@@ -6,15 +6,16 @@
 //!   ([`crate::entries`]), one 40-byte entry per message, each lane a chain of its entries;
 //! - the lane table as of the last checkpoint: `<data_dir>/lanes/table.lj`
 //!   ([`crate::journal`]);
+//! - the group offsets, in memory, journaled in the same file ([`Engine::flush`]);
 //! - sled, tree `l_lite` (big-endian keys), for what is small and rarely written:
 //!
 //! ```text
-//! 'g' | lane u64 | group                -> committed offset u64 (first unacknowledged)
 //! 'G' | parent u32 | group              -> group start policy (written when the group is new)
 //! ```
 //! Parents live in tree `l_parents` (name -> JSON `{id, def}`). Older versions kept one sled
-//! entry per message (`'i' | lane | offset`, watermark `'w'`): [`Engine::open`] moves them into
-//! the entry files once.
+//! entry per message (`'i' | lane | offset`, watermark `'w'`) and the group offsets in sled
+//! (`'g' | lane | group`): [`Engine::open`] moves them into the entry files and the journal
+//! once.
 //!
 //! The lane table is in memory: key -> lane id per parent (ordered, for pagination) and, per
 //! lane, its next offset, last publish time and newest entry. A lane's offset is assigned by
@@ -30,7 +31,9 @@
 //! index lock (`idx`) is taken before the table lock, never after.
 
 use crate::entries::{LaneEntries, LaneEntry, NONE};
-use crate::journal::{encode_lane, Checkpoint, Journal, LaneRecordRef};
+use crate::journal::{
+    encode_commit, encode_group, encode_lane, Checkpoint, Journal, LaneRecordRef,
+};
 use crate::model::{LaneSel, ParentDef, Pattern, ValidationError};
 use lanemq_store::{IndexHint, Store};
 use serde::{Deserialize, Serialize};
@@ -180,6 +183,29 @@ struct Idx {
     marks: HashMap<u64, BTreeMap<u64, u64>>,
 }
 
+/// Group offsets, in memory and journaled ([`Engine::flush`]).
+#[derive(Default)]
+struct Commits {
+    /// Group name -> small id (journaled `Group` records).
+    ids: HashMap<Box<str>, u32>,
+    /// (lane, group id) -> committed offset (first unacknowledged).
+    map: HashMap<(u64, u32), u64>,
+    /// Framed records not yet in the journal.
+    unjournaled: Vec<u8>,
+}
+
+impl Commits {
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let id = self.ids.len() as u32;
+        self.ids.insert(name.into(), id);
+        encode_group(&mut self.unjournaled, id, name);
+        id
+    }
+}
+
 /// Period of [`Engine::checkpoint_if_due`].
 pub const CHECKPOINT_MS: u64 = 1000;
 /// A chain walk longer than this leaves marks behind, one per this many entries.
@@ -189,6 +215,7 @@ const MARK_EVERY: u64 = 1024;
 pub struct Engine {
     store: Store,
     idx: Mutex<Idx>,
+    commits: Mutex<Commits>,
     tree: sled::Tree,
     parents_tree: sled::Tree,
     parents: RwLock<Arc<Vec<Arc<Parent>>>>,
@@ -210,20 +237,6 @@ pub const INDEX_BATCH_MAX: usize = 4096;
 
 /// Key of the next parent id in `l_parents` (names cannot contain NUL).
 const NEXT_ID_KEY: &[u8] = b"\0next_id";
-
-fn lane_key(tag: u8, lane: u64) -> [u8; 9] {
-    let mut k = [0u8; 9];
-    k[0] = tag;
-    k[1..].copy_from_slice(&lane.to_be_bytes());
-    k
-}
-
-fn group_key(lane: u64, group: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(9 + group.len());
-    k.extend_from_slice(&lane_key(b'g', lane));
-    k.extend_from_slice(group.as_bytes());
-    k
-}
 
 fn be64(v: &[u8]) -> u64 {
     let mut b = [0u8; 8];
@@ -248,7 +261,7 @@ impl Engine {
         let tree = index.tree("l_lite")?;
         let parents_tree = index.tree("l_parents")?;
         let dir = lanes_dir(&store);
-        let (journal, loaded) = Journal::open(&dir)?;
+        let (journal, mut loaded) = Journal::open(&dir)?;
         if loaded.cut > 0 {
             warn!(
                 bytes = loaded.cut,
@@ -256,6 +269,15 @@ impl Engine {
             );
         }
         let cp = loaded.checkpoint.unwrap_or_default();
+        let commits = Commits {
+            ids: loaded
+                .groups
+                .iter()
+                .map(|(id, name)| (name.clone(), *id))
+                .collect(),
+            map: std::mem::take(&mut loaded.commits),
+            unjournaled: Vec::new(),
+        };
         let (entries, report) = LaneEntries::open(&dir, cp.entries_end)?;
         let idx = Idx {
             entries,
@@ -269,6 +291,7 @@ impl Engine {
         let e = Engine {
             store,
             idx: Mutex::new(idx),
+            commits: Mutex::new(commits),
             tree,
             parents_tree,
             parents: RwLock::new(Arc::new(Vec::new())),
@@ -482,9 +505,18 @@ impl Engine {
             }
         }
         idx.watermark = end;
+        let legacy_commits = self.import_legacy_commits()?;
         self.checkpoint_locked(idx, true)?;
+        self.journal_commits(idx)?;
         if legacy {
             self.drop_legacy()?;
+        }
+        if legacy_commits > 0 {
+            self.drop_prefix(b'g')?;
+            info!(
+                commits = legacy_commits,
+                "lane group offsets moved from sled into the lane table journal"
+            );
         }
         let lanes = self.lock().lanes.len();
         info!(
@@ -571,6 +603,58 @@ impl Engine {
         Ok(())
     }
 
+    /// Group offsets an older version kept in sled (`'g' | lane | group`) into memory (the
+    /// caller journals them). Returns how many.
+    fn import_legacy_commits(&self) -> Result<usize, LiteError> {
+        let mut c = self.lock_commits();
+        let mut n = 0;
+        for kv in self.tree.scan_prefix([b'g']) {
+            let (k, v) = kv?;
+            if k.len() < 9 {
+                continue;
+            }
+            let lane = be64(&k[1..9]);
+            let name = String::from_utf8_lossy(&k[9..]).into_owned();
+            let gid = c.id(&name);
+            let off = be64(&v);
+            c.map.entry((lane, gid)).or_insert(off);
+            encode_commit(&mut c.unjournaled, lane, gid, off);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn drop_prefix(&self, tag: u8) -> Result<(), LiteError> {
+        loop {
+            let mut b = sled::Batch::default();
+            let mut n = 0;
+            for kv in self.tree.scan_prefix([tag]).take(INDEX_BATCH_MAX) {
+                let (k, _) = kv?;
+                b.remove(k);
+                n += 1;
+            }
+            if n == 0 {
+                break;
+            }
+            self.tree.apply_batch(b)?;
+        }
+        self.tree.flush()?;
+        Ok(())
+    }
+
+    fn lock_commits(&self) -> MutexGuard<'_, Commits> {
+        self.commits.lock().unwrap_or_else(|x| x.into_inner())
+    }
+
+    /// Append the group offsets stored since the last call to the journal; fsync.
+    fn journal_commits(&self, idx: &mut Idx) -> Result<(), LiteError> {
+        let bytes = std::mem::take(&mut self.lock_commits().unjournaled);
+        if !bytes.is_empty() {
+            idx.journal.append_commits(&bytes)?;
+        }
+        Ok(())
+    }
+
     /// Remove an older version's per-message sled entries (after a checkpoint holds them).
     fn drop_legacy(&self) -> Result<(), LiteError> {
         loop {
@@ -643,6 +727,13 @@ impl Engine {
             if rewrite {
                 for (id, l) in &t.lanes {
                     put(*id, l);
+                }
+                let c = self.lock_commits();
+                for (name, gid) in &c.ids {
+                    encode_group(&mut buf, *gid, name);
+                }
+                for ((lane, gid), off) in &c.map {
+                    encode_commit(&mut buf, *lane, *gid, *off);
                 }
             } else {
                 for id in &idx.dirty {
@@ -930,19 +1021,21 @@ impl Engine {
 
     /// The stored committed offset of `group` on `lane`.
     pub fn load_commit(&self, lane: u64, group: &str) -> Result<Option<u64>, LiteError> {
-        Ok(self.tree.get(group_key(lane, group))?.map(|v| be64(&v)))
+        let c = self.lock_commits();
+        Ok(c.ids
+            .get(group)
+            .and_then(|gid| c.map.get(&(lane, *gid)))
+            .copied())
     }
 
-    /// Store committed offsets `(lane, group, offset)`.
+    /// Store committed offsets `(lane, group, offset)`; durable at the next [`Engine::flush`].
     pub fn put_commits(&self, commits: &[(u64, Arc<str>, u64)]) -> Result<(), LiteError> {
-        if commits.is_empty() {
-            return Ok(());
-        }
-        let mut b = sled::Batch::default();
+        let mut c = self.lock_commits();
         for (lane, group, off) in commits {
-            b.insert(group_key(*lane, group), &off.to_be_bytes());
+            let gid = c.id(group);
+            c.map.insert((*lane, gid), *off);
+            encode_commit(&mut c.unjournaled, *lane, gid, *off);
         }
-        self.tree.apply_batch(b)?;
         Ok(())
     }
 
@@ -977,20 +1070,19 @@ impl Engine {
     /// Make sled durable (group offsets, index).
     pub fn flush(&self) -> Result<(), LiteError> {
         self.tree.flush()?;
-        Ok(())
+        let mut idx = self.lock_idx();
+        self.journal_commits(&mut idx)
     }
 
     /// Remove a lane's group offsets; its entries become garbage (reclaimed with their file).
     fn remove_lane_data(&self, idx: &mut Idx, lane: u64) -> Result<(), LiteError> {
-        let mut b = sled::Batch::default();
-        b.remove(&lane_key(b'm', lane));
-        for prefix in [lane_key(b'i', lane), lane_key(b'g', lane)] {
-            for kv in self.tree.scan_prefix(prefix) {
-                let (k, _) = kv?;
-                b.remove(k);
+        {
+            let mut c = self.lock_commits();
+            let gids: Vec<u32> = c.ids.values().copied().collect();
+            for gid in gids {
+                c.map.remove(&(lane, gid));
             }
         }
-        self.tree.apply_batch(b)?;
         idx.marks.remove(&lane);
         idx.dirty.remove(&lane);
         idx.gone.push(lane);
@@ -1533,6 +1625,10 @@ mod tests {
             tree.insert(k, v).unwrap();
         }
         tree.insert([b'w'], &(pos[3] + 1).to_be_bytes()).unwrap();
+        let mut g = vec![b'g'];
+        g.extend_from_slice(&0u64.to_be_bytes());
+        g.extend_from_slice(b"workers");
+        tree.insert(g, &2u64.to_be_bytes()).unwrap();
         let dir = lanes_dir(&f.store);
         std::fs::remove_dir_all(&dir).unwrap();
         let e = f.engine();
@@ -1547,5 +1643,41 @@ mod tests {
         assert!(tree.scan_prefix([b'i']).next().is_none());
         assert!(tree.get([b'w']).unwrap().is_none());
         assert_eq!(e.next_offset(lane), 4);
+        assert_eq!(e.load_commit(lane, "workers").unwrap(), Some(2));
+        assert!(tree.scan_prefix([b'g']).next().is_none());
+    }
+
+    #[test]
+    fn group_offsets_are_durable_after_a_flush_and_go_with_their_lane() {
+        let f = Fixture::new("commits");
+        let e = f.engine();
+        f.publish(&e, "a");
+        f.publish(&e, "b");
+        index_all(&e);
+        let (a, b) = (
+            e.lane_id(e.parent("agents").unwrap().id, "a").unwrap(),
+            e.lane_id(e.parent("agents").unwrap().id, "b").unwrap(),
+        );
+        let g: Arc<str> = "workers".into();
+        e.put_commits(&[(a, g.clone(), 1), (b, g.clone(), 1)])
+            .unwrap();
+        e.flush().unwrap();
+        e.put_commits(&[(a, g.clone(), 7)]).unwrap(); // not flushed: lost in the crash
+        drop(e);
+        let f = f.reopen();
+        let e = f.engine();
+        assert_eq!(e.load_commit(a, "workers").unwrap(), Some(1));
+        assert_eq!(e.load_commit(b, "workers").unwrap(), Some(1));
+        assert_eq!(e.load_commit(a, "other").unwrap(), None);
+        // A lane that expires takes its offsets with it, also across a restart.
+        let expired = e.sweep(now_us() + 10_000 * 1_000_000).unwrap();
+        assert_eq!(expired.len(), 2);
+        assert_eq!(e.load_commit(a, "workers").unwrap(), None);
+        e.checkpoint().unwrap();
+        drop(e);
+        let f = f.reopen();
+        let e = f.engine();
+        assert_eq!(e.lane_count(), 0);
+        assert_eq!(e.load_commit(a, "workers").unwrap(), None);
     }
 }

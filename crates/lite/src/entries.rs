@@ -54,13 +54,13 @@ pub struct LaneEntry {
 impl LaneEntry {
     fn encode(&self, out: &mut Vec<u8>) {
         for v in [self.lane, self.seq, self.pos, self.ts_us, self.prev] {
-            out.extend_from_slice(&v.to_le_bytes());
+            out.extend_from_slice(&v.to_be_bytes());
         }
     }
 
     fn decode(b: &[u8]) -> Option<LaneEntry> {
         let w = |i: usize| -> Option<u64> {
-            Some(u64::from_le_bytes(
+            Some(u64::from_be_bytes(
                 b.get(i * 8..i * 8 + 8)?.try_into().ok()?,
             ))
         };

@@ -5,16 +5,19 @@
 //! the previous checkpoint (id, parent, key, newest entry, next offset, last publish time),
 //! one `Gone` record per lane removed, then a `Checkpoint` record (the synced end of the lane
 //! entry files, the log watermark below which every lane hint is in them, the next lane id),
-//! and fsyncs. When the file has grown well past the live table it is rewritten whole
-//! (temporary file, fsync, rename).
+//! and fsyncs. Group offsets (`Group` names a consumer group by a small id, `Commit` stores a
+//! group's committed offset on a lane) are appended and fsynced on their own, every
+//! flush interval of the dispatcher. When the file has grown well past the live table it is
+//! rewritten whole (temporary file, fsync, rename).
 //!
 //! # Invariants
 //!
-//! - Records count only up to the last intact `Checkpoint` record: a torn tail (crash during
-//!   a checkpoint) is ignored and cut at open, so the loaded table is exactly the table of a
-//!   completed checkpoint.
-//! - Record framing: `len u32 LE | crc32c(payload) u32 LE | payload`, `payload[0]` the kind.
-//!   Integers are little-endian.
+//! - `Lane` and `Gone` records count only up to the last intact `Checkpoint` record: those of
+//!   a torn checkpoint are ignored and cut at open, so the loaded table is exactly the table of
+//!   a completed checkpoint. `Group` and `Commit` records count as soon as they are intact
+//!   (they stand alone); those after the last checkpoint are kept across the cut.
+//! - Record framing: `len u32 | crc32c(payload) u32 | payload`, `payload[0]` the kind.
+//!   Integers are big-endian, like the log.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -26,6 +29,8 @@ const FILE: &str = "table.lj";
 const KIND_LANE: u8 = 1;
 const KIND_GONE: u8 = 2;
 const KIND_CHECKPOINT: u8 = 3;
+const KIND_GROUP: u8 = 4;
+const KIND_COMMIT: u8 = 5;
 /// Longest payload accepted when reading (a lane key is at most a topic).
 const PAYLOAD_MAX: usize = 1 << 17;
 
@@ -59,6 +64,10 @@ pub struct Loaded {
     pub lanes: HashMap<u64, LaneRecord>,
     /// None: no checkpoint was ever completed (a new data directory).
     pub checkpoint: Option<Checkpoint>,
+    /// Group names by id.
+    pub groups: Vec<(u32, Box<str>)>,
+    /// Committed offsets: (lane, group id) -> offset.
+    pub commits: HashMap<(u64, u32), u64>,
     /// Bytes of a torn tail that were cut.
     pub cut: u64,
 }
@@ -72,16 +81,16 @@ pub struct Journal {
 }
 
 fn put_u64(b: &mut Vec<u8>, v: u64) {
-    b.extend_from_slice(&v.to_le_bytes());
+    b.extend_from_slice(&v.to_be_bytes());
 }
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+    Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
 fn frame(out: &mut Vec<u8>, payload: &[u8]) {
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_be_bytes());
     out.extend_from_slice(payload);
 }
 
@@ -90,7 +99,7 @@ pub fn encode_lane(out: &mut Vec<u8>, r: &LaneRecordRef<'_>) {
     let mut p = Vec::with_capacity(37 + r.key.len());
     p.push(KIND_LANE);
     put_u64(&mut p, r.id);
-    p.extend_from_slice(&r.parent.to_le_bytes());
+    p.extend_from_slice(&r.parent.to_be_bytes());
     put_u64(&mut p, r.last_entry);
     put_u64(&mut p, r.next);
     put_u64(&mut p, r.last_pub_us);
@@ -107,6 +116,23 @@ pub struct LaneRecordRef<'a> {
     pub next: u64,
     pub last_pub_us: u64,
     pub key: &'a str,
+}
+
+/// Append one framed `Group` record (a consumer group's name gets id `gid`).
+pub fn encode_group(out: &mut Vec<u8>, gid: u32, name: &str) {
+    let mut p = vec![KIND_GROUP];
+    p.extend_from_slice(&gid.to_be_bytes());
+    p.extend_from_slice(name.as_bytes());
+    frame(out, &p);
+}
+
+/// Append one framed `Commit` record.
+pub fn encode_commit(out: &mut Vec<u8>, lane: u64, gid: u32, offset: u64) {
+    let mut p = vec![KIND_COMMIT];
+    put_u64(&mut p, lane);
+    p.extend_from_slice(&gid.to_be_bytes());
+    put_u64(&mut p, offset);
+    frame(out, &p);
 }
 
 fn encode_gone(out: &mut Vec<u8>, id: u64) {
@@ -127,13 +153,15 @@ enum Rec {
     Lane(LaneRecord),
     Gone(u64),
     Checkpoint(Checkpoint),
+    Group(u32, Box<str>),
+    Commit(u64, u32, u64),
 }
 
 fn decode(p: &[u8]) -> Option<Rec> {
     match *p.first()? {
         KIND_LANE => Some(Rec::Lane(LaneRecord {
             id: u64_at(p, 1)?,
-            parent: u32::from_le_bytes(p.get(9..13)?.try_into().ok()?),
+            parent: u32::from_be_bytes(p.get(9..13)?.try_into().ok()?),
             last_entry: u64_at(p, 13)?,
             next: u64_at(p, 21)?,
             last_pub_us: u64_at(p, 29)?,
@@ -145,6 +173,15 @@ fn decode(p: &[u8]) -> Option<Rec> {
             watermark: u64_at(p, 9)?,
             next_id: u64_at(p, 17)?,
         })),
+        KIND_GROUP => Some(Rec::Group(
+            u32::from_be_bytes(p.get(1..5)?.try_into().ok()?),
+            std::str::from_utf8(p.get(5..)?).ok()?.into(),
+        )),
+        KIND_COMMIT => Some(Rec::Commit(
+            u64_at(p, 1)?,
+            u32::from_be_bytes(p.get(9..13)?.try_into().ok()?),
+            u64_at(p, 13)?,
+        )),
         _ => None,
     }
 }
@@ -163,6 +200,8 @@ impl Journal {
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         let mut loaded = Loaded::default();
+        // Group and commit records after the last checkpoint, to write again after the cut.
+        let mut keep: Vec<u8> = Vec::new();
         let good = if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
             if !bytes.is_empty() {
                 return Err(io::Error::new(
@@ -176,8 +215,8 @@ impl Journal {
             let mut good = at;
             let mut batch: Vec<Rec> = Vec::new();
             while let Some(head) = bytes.get(at..at + 8) {
-                let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-                let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+                let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+                let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
                 if len > PAYLOAD_MAX {
                     break;
                 }
@@ -190,23 +229,37 @@ impl Journal {
                 let Some(r) = decode(p) else {
                     break;
                 };
+                let framed = &bytes[at..at + 8 + len];
                 at += 8 + len;
-                if let Rec::Checkpoint(c) = r {
-                    for r in batch.drain(..) {
-                        match r {
-                            Rec::Lane(l) => {
-                                loaded.lanes.insert(l.id, l);
+                match r {
+                    Rec::Checkpoint(c) => {
+                        for r in batch.drain(..) {
+                            match r {
+                                Rec::Lane(l) => {
+                                    loaded.lanes.insert(l.id, l);
+                                }
+                                Rec::Gone(id) => {
+                                    loaded.lanes.remove(&id);
+                                    for (gid, _) in &loaded.groups {
+                                        loaded.commits.remove(&(id, *gid));
+                                    }
+                                }
+                                _ => {}
                             }
-                            Rec::Gone(id) => {
-                                loaded.lanes.remove(&id);
-                            }
-                            Rec::Checkpoint(_) => {}
                         }
+                        loaded.checkpoint = Some(c);
+                        good = at;
+                        keep.clear();
                     }
-                    loaded.checkpoint = Some(c);
-                    good = at;
-                } else {
-                    batch.push(r);
+                    Rec::Group(gid, name) => {
+                        loaded.groups.push((gid, name));
+                        keep.extend_from_slice(framed);
+                    }
+                    Rec::Commit(lane, gid, off) => {
+                        loaded.commits.insert((lane, gid), off);
+                        keep.extend_from_slice(framed);
+                    }
+                    r => batch.push(r),
                 }
             }
             good
@@ -226,6 +279,10 @@ impl Journal {
         } else if loaded.cut > 0 {
             j.file.set_len(good as u64)?;
             j.file.sync_all()?;
+            if !keep.is_empty() {
+                j.append_commits(&keep)?;
+                loaded.cut -= keep.len() as u64;
+            }
         }
         Ok((j, loaded))
     }
@@ -251,6 +308,16 @@ impl Journal {
         self.file.write_all(&lanes)?;
         self.file.sync_data()?;
         self.len += lanes.len() as u64;
+        Ok(())
+    }
+
+    /// Append framed `Group` and `Commit` records; fsync.
+    pub fn append_commits(&mut self, records: &[u8]) -> io::Result<()> {
+        use std::io::Seek;
+        self.file.seek(io::SeekFrom::Start(self.len))?;
+        self.file.write_all(records)?;
+        self.file.sync_data()?;
+        self.len += records.len() as u64;
         Ok(())
     }
 
@@ -339,6 +406,38 @@ mod tests {
         assert_eq!((a.next, a.last_entry, &*a.key, a.parent), (6, 12, "a", 3));
         assert!(l.cut > 0);
         assert_eq!(j.len(), complete);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn commits_count_without_a_checkpoint_and_survive_the_cut_of_a_torn_one() {
+        let d = dir("commits");
+        let (mut j, _) = Journal::open(&d).unwrap();
+        let c = Checkpoint {
+            entries_end: 1,
+            watermark: 2,
+            next_id: 9,
+        };
+        j.append(lane(1, 4, "a"), &[], &c).unwrap();
+        let mut b = Vec::new();
+        encode_group(&mut b, 0, "workers");
+        encode_commit(&mut b, 1, 0, 3);
+        j.append_commits(&b).unwrap();
+        // A torn checkpoint after the commits, then another commit.
+        j.file.write_all(&lane(2, 1, "b")).unwrap();
+        let mut b = Vec::new();
+        encode_commit(&mut b, 1, 0, 4);
+        j.file.write_all(&b).unwrap();
+        drop(j);
+        let (j, l) = Journal::open(&d).unwrap();
+        assert_eq!(l.groups, vec![(0, "workers".into())]);
+        assert_eq!(l.commits.get(&(1, 0)), Some(&4));
+        assert_eq!(l.lanes.len(), 1, "the torn checkpoint's lane is not loaded");
+        drop(j);
+        // The commits kept across the cut are there at the next open too.
+        let (_, l) = Journal::open(&d).unwrap();
+        assert_eq!(l.commits.get(&(1, 0)), Some(&4));
+        assert_eq!(l.lanes.len(), 1);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -1470,9 +1470,16 @@ impl Engine {
         };
         let min_ts = cutoff.max(reader.min_ts_us);
         if i < entries.end() && min_ts > 0 {
-            // Skip expired entries by search, not one by one.
-            let first_live = entries.seek_ts(min_ts).map_err(storage)?;
-            i = i.max(first_live);
+            // Skip expired entries by search, not one by one (and not at all when the next
+            // entry is live, the usual case).
+            let next_live = entries
+                .get(i)
+                .map_err(storage)?
+                .is_some_and(|e| e.ts_us >= min_ts);
+            if !next_live {
+                let first_live = entries.seek_ts(min_ts).map_err(storage)?;
+                i = i.max(first_live);
+            }
         }
         let started = Instant::now();
         while out.len() < max {
