@@ -650,18 +650,35 @@ impl Dispatcher {
             .get(&gid)
             .is_some_and(|g| matches!(g.start, Start::Latest(_)))
             && new;
-        let lanes = if !latest && (fresh || (existing.is_none() && matches!(sel, LaneSel::One(_))))
-        {
-            self.engine.lanes_of(j.parent, &sel)
-        } else {
-            Vec::new()
-        };
+        let look = !latest && (fresh || (existing.is_none() && matches!(sel, LaneSel::One(_))));
         // Only the lanes with messages after the group's offset become ready.
-        let behind: Vec<u64> = lanes
-            .into_iter()
-            .filter(|&(lane, next)| next > 0 && self.committed_peek(gid, lane) < next)
-            .map(|(lane, _)| lane)
-            .collect();
+        let behind = match self.groups.get(&gid) {
+            Some(g) if look => {
+                let (default, since) = match g.start {
+                    Start::Offset(n) => (n, None),
+                    Start::Latest(pos) => (0, Some(pos)),
+                    Start::Earliest => (0, None),
+                };
+                let name = (!g.private).then_some(&*g.name);
+                let mut lanes = self
+                    .engine
+                    .lanes_behind(j.parent, &sel, name, default, since)
+                    .unwrap_or_else(|e| {
+                        warn!(error = %e, "cannot list the lanes of a joining group");
+                        Vec::new()
+                    });
+                // Offsets this dispatcher holds but has not stored yet win.
+                lanes.retain(|lane| {
+                    g.committed.get(lane).is_none_or(|&c| {
+                        self.engine
+                            .lane(*lane)
+                            .is_some_and(|(_, _, next, _)| next > c)
+                    })
+                });
+                lanes
+            }
+            _ => Vec::new(),
+        };
         let g = match self.groups.get_mut(&gid) {
             Some(g) => g,
             None => return,
@@ -1174,25 +1191,6 @@ impl Dispatcher {
                 break;
             }
         }
-    }
-
-    /// Like [`Dispatcher::committed`], without caching what it looked up.
-    fn committed_peek(&self, gid: u64, lane: u64) -> u64 {
-        let Some(g) = self.groups.get(&gid) else {
-            return 0;
-        };
-        if let Some(&c) = g.committed.get(&lane) {
-            return c;
-        }
-        let stored = if g.private {
-            None
-        } else {
-            self.engine.load_commit(lane, &g.name).unwrap_or(None)
-        };
-        stored.unwrap_or(match g.start {
-            Start::Offset(n) => n,
-            _ => 0,
-        })
     }
 
     fn committed(&mut self, gid: u64, lane: u64) -> u64 {

@@ -166,6 +166,16 @@ struct Table {
     lanes: HashMap<u64, Lane>,
     next_id: u64,
     pending: Vec<Pending>,
+    /// When to look at a lane's TTL again: second (Unix time) -> lanes. A lane is in it once
+    /// (ids of removed lanes are skipped when they come up), at the earliest second it can
+    /// expire, so a sweep touches only the lanes that are due, not every lane.
+    expiry: BTreeMap<u64, Vec<u64>>,
+}
+
+impl Table {
+    fn schedule(&mut self, lane: u64, at_s: u64) {
+        self.expiry.entry(at_s).or_default().push(lane);
+    }
 }
 
 /// The lane index: entry files, journal, and what the next checkpoint writes.
@@ -505,6 +515,7 @@ impl Engine {
             }
         }
         idx.watermark = end;
+        self.reschedule_all();
         let legacy_commits = self.import_legacy_commits()?;
         self.checkpoint_locked(idx, true)?;
         self.journal_commits(idx)?;
@@ -640,6 +651,23 @@ impl Engine {
         }
         self.tree.flush()?;
         Ok(())
+    }
+
+    /// Put every lane in the TTL queue at the second it can expire (at start, and when a
+    /// parent's TTL changed).
+    fn reschedule_all(&self) {
+        let ttl: HashMap<u32, u64> = self.parents().iter().map(|p| (p.id, p.def.ttl_s)).collect();
+        let mut t = self.lock();
+        let t = &mut *t;
+        t.expiry.clear();
+        let mut q: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (id, l) in &t.lanes {
+            let ttl_s = ttl.get(&l.parent).copied().unwrap_or(0);
+            q.entry((l.last_pub_us / 1_000_000).saturating_add(ttl_s))
+                .or_default()
+                .push(*id);
+        }
+        t.expiry = q;
     }
 
     fn lock_commits(&self) -> MutexGuard<'_, Commits> {
@@ -833,6 +861,8 @@ impl Engine {
             None => {
                 let id = t.next_id;
                 t.next_id += 1;
+                let ttl_s = self.parent_by_id(parent).map_or(0, |p| p.def.ttl_s);
+                t.schedule(id, (now / 1_000_000).saturating_add(ttl_s));
                 let key: Box<str> = key.into();
                 t.by_key.entry(parent).or_default().insert(key.clone(), id);
                 t.lanes.insert(
@@ -997,6 +1027,53 @@ impl Engine {
         self.lock().lanes.get(&lane).map_or(0, |l| l.next)
     }
 
+    /// Lanes of `parent` (all, or one by key) with messages that `group` has not committed:
+    /// its stored offset, else `default` (the start policy's). With `since` (a log position:
+    /// the group takes only messages stored at or after it), lanes whose newest indexed entry
+    /// is older are left out without reading anything. One pass under the locks, no
+    /// allocation per lane that is not returned.
+    pub fn lanes_behind(
+        &self,
+        parent: u32,
+        sel: &LaneSel,
+        group: Option<&str>,
+        default: u64,
+        since: Option<u64>,
+    ) -> Result<Vec<u64>, LiteError> {
+        let idx = self.lock_idx();
+        let first_new = match since {
+            Some(pos) => Some(idx.entries.seek_pos(pos)?),
+            None => None,
+        };
+        let t = self.lock();
+        let c = self.lock_commits();
+        let gid = group.and_then(|g| c.ids.get(g).copied());
+        let Some(m) = t.by_key.get(&parent) else {
+            return Ok(Vec::new());
+        };
+        let behind = |id: &u64| -> bool {
+            let Some(l) = t.lanes.get(id) else {
+                return false;
+            };
+            if first_new.is_some_and(|e| l.last_entry == NONE || l.last_entry < e) {
+                return false;
+            }
+            let committed = gid
+                .and_then(|g| c.map.get(&(*id, g)).copied())
+                .unwrap_or(default);
+            l.next > committed
+        };
+        Ok(match sel {
+            LaneSel::All => m.values().filter(|id| behind(id)).copied().collect(),
+            LaneSel::One(k) => m
+                .get(k.as_str())
+                .filter(|id| behind(id))
+                .copied()
+                .into_iter()
+                .collect(),
+        })
+    }
+
     /// Lanes of `parent` (all, or one by key) that hold messages: `(lane id, next offset)`.
     pub fn lanes_of(&self, parent: u32, sel: &LaneSel) -> Vec<(u64, u64)> {
         let t = self.lock();
@@ -1098,21 +1175,34 @@ impl Engine {
             .map(|p| (p.id, p.def.ttl_s.saturating_mul(1_000_000)))
             .collect();
         let mut idx = self.lock_idx();
+        let now_s = now_us / 1_000_000;
         let expired: Vec<Expired> = {
             let mut t = self.lock();
+            let t = &mut *t;
+            let later = t.expiry.split_off(&now_s.saturating_add(1));
+            let due = std::mem::replace(&mut t.expiry, later);
+            if due.is_empty() {
+                return Ok(Vec::new());
+            }
             let pending: std::collections::HashSet<u64> =
                 t.pending.iter().map(|p| p.lane).collect();
-            let ids: Vec<u64> = t
-                .lanes
-                .iter()
-                .filter(|(id, l)| {
-                    !pending.contains(id)
-                        && ttl
-                            .get(&l.parent)
-                            .is_none_or(|&ttl| now_us.saturating_sub(l.last_pub_us) >= ttl)
-                })
-                .map(|(id, _)| *id)
-                .collect();
+            let mut ids = Vec::new();
+            for lane in due.into_values().flatten() {
+                let Some(l) = t.lanes.get(&lane) else {
+                    continue;
+                };
+                let at_s = match ttl.get(&l.parent) {
+                    _ if pending.contains(&lane) => now_s + 1,
+                    Some(&ttl) if now_us.saturating_sub(l.last_pub_us) < ttl => {
+                        l.last_pub_us.saturating_add(ttl) / 1_000_000 + 1
+                    }
+                    _ => {
+                        ids.push(lane);
+                        continue;
+                    }
+                };
+                t.schedule(lane, at_s);
+            }
             ids.into_iter()
                 .filter_map(|id| {
                     let l = t.lanes.remove(&id)?;
@@ -1258,6 +1348,7 @@ impl Engine {
             .map(|x| if x.id == p.id { p.clone() } else { x.clone() })
             .collect();
         self.set_parents(v);
+        self.reschedule_all();
         Ok(self.info(&p))
     }
 
