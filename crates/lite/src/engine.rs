@@ -32,7 +32,7 @@
 
 use crate::entries::{LaneEntries, LaneEntry, NONE};
 use crate::journal::{
-    encode_commit, encode_group, encode_lane, Checkpoint, Journal, LaneRecordRef,
+    encode_commit, encode_group, encode_lane, Checkpoint, Journal, LaneRecordRef, Rec,
 };
 use crate::model::{LaneSel, ParentDef, Pattern, ValidationError};
 use lanemq_store::{IndexHint, Store};
@@ -271,7 +271,36 @@ impl Engine {
         let tree = index.tree("l_lite")?;
         let parents_tree = index.tree("l_parents")?;
         let dir = lanes_dir(&store);
-        let (journal, mut loaded) = Journal::open(&dir)?;
+        // The journal's records go straight into the lane table and the group offsets.
+        let mut lanes: HashMap<u64, Lane> = HashMap::new();
+        let mut commits = Commits::default();
+        let (journal, loaded) = Journal::open(&dir, |r| match r {
+            Rec::Lane(l) => {
+                lanes.insert(
+                    l.id,
+                    Lane {
+                        parent: l.parent,
+                        key: l.key,
+                        next: l.next,
+                        last_pub_us: l.last_pub_us,
+                        last_entry: l.last_entry,
+                    },
+                );
+            }
+            Rec::Gone(id) => {
+                lanes.remove(&id);
+                for gid in commits.ids.values() {
+                    commits.map.remove(&(id, *gid));
+                }
+            }
+            Rec::Group(gid, name) => {
+                commits.ids.insert(name, gid);
+            }
+            Rec::Commit(lane, gid, off) => {
+                commits.map.insert((lane, gid), off);
+            }
+            Rec::Checkpoint(_) => {}
+        })?;
         if loaded.cut > 0 {
             warn!(
                 bytes = loaded.cut,
@@ -279,15 +308,6 @@ impl Engine {
             );
         }
         let cp = loaded.checkpoint.unwrap_or_default();
-        let commits = Commits {
-            ids: loaded
-                .groups
-                .iter()
-                .map(|(id, name)| (name.clone(), *id))
-                .collect(),
-            map: std::mem::take(&mut loaded.commits),
-            unjournaled: Vec::new(),
-        };
         let (entries, report) = LaneEntries::open(&dir, cp.entries_end)?;
         let idx = Idx {
             entries,
@@ -306,7 +326,11 @@ impl Engine {
             parents_tree,
             parents: RwLock::new(Arc::new(Vec::new())),
             any: AtomicBool::new(false),
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(Table {
+                lanes,
+                next_id: cp.next_id,
+                ..Table::default()
+            }),
             counters: Counters::default(),
             generation: AtomicU64::new(0),
         };
@@ -391,9 +415,6 @@ impl Engine {
         let legacy = self.tree.scan_prefix([b'i']).next().is_some();
         let journaled = loaded.checkpoint.is_some();
         let mut orphans = Vec::new();
-        // Offset after the newest indexed entry of each lane: replayed hints below it are
-        // already in the files.
-        let mut indexed: HashMap<u64, u64> = HashMap::new();
         if report.short_by > 0 {
             warn!(
                 missing = report.short_by,
@@ -402,6 +423,9 @@ impl Engine {
             );
             idx.entries.reset(0)?;
             idx.watermark = 0;
+            let mut t = self.lock();
+            t.next_id = t.next_id.max(t.lanes.keys().max().map_or(0, |m| m + 1));
+            t.lanes.clear();
         } else {
             if report.cut > 0 {
                 info!(
@@ -409,34 +433,32 @@ impl Engine {
                     "lane entries after the last checkpoint cut (indexed again from the log)"
                 );
             }
+            // The key index per parent, built sorted (bulk) rather than key by key.
+            let parents: std::collections::HashSet<u32> =
+                self.parents().iter().map(|p| p.id).collect();
             let mut t = self.lock();
-            let mut max_id = loaded.checkpoint.map_or(0, |c| c.next_id);
-            for (id, l) in loaded.lanes {
+            let t = &mut *t;
+            let mut per: HashMap<u32, Vec<(Box<str>, u64)>> = HashMap::new();
+            let mut max_id = t.next_id;
+            for (id, l) in &t.lanes {
                 max_id = max_id.max(id + 1);
-                if self.parent_by_id(l.parent).is_none() {
-                    orphans.push(id);
-                    continue;
+                if parents.contains(&l.parent) {
+                    per.entry(l.parent).or_default().push((l.key.clone(), *id));
+                } else {
+                    orphans.push(*id);
                 }
-                t.by_key
-                    .entry(l.parent)
-                    .or_default()
-                    .insert(l.key.clone(), id);
-                indexed.insert(id, l.next);
-                t.lanes.insert(
-                    id,
-                    Lane {
-                        parent: l.parent,
-                        key: l.key,
-                        next: l.next,
-                        last_pub_us: l.last_pub_us,
-                        last_entry: l.last_entry,
-                    },
-                );
             }
+            for id in &orphans {
+                t.lanes.remove(id);
+            }
+            t.by_key = per
+                .into_iter()
+                .map(|(p, v)| (p, v.into_iter().collect::<BTreeMap<_, _>>()))
+                .collect();
             t.next_id = max_id;
         }
         if legacy && !journaled {
-            self.migrate_legacy(idx, &mut indexed, &mut orphans)?;
+            self.migrate_legacy(idx, &mut orphans)?;
         }
         for lane in orphans {
             self.remove_lane_data(idx, lane)?;
@@ -485,12 +507,13 @@ impl Engine {
                             );
                             t.next_id = t.next_id.max(h.id + 1);
                         }
-                        if indexed.get(&h.id).is_some_and(|&n| h.seq < n) {
-                            continue;
-                        }
                         let Some(l) = t.lanes.get_mut(&h.id) else {
                             continue;
                         };
+                        if h.seq < l.next {
+                            // In the files already (the lane's offsets come in order).
+                            continue;
+                        }
                         l.next = l.next.max(h.seq + 1);
                         l.last_pub_us = l.last_pub_us.max(r.timestamp_us);
                         let i = base + add.len() as u64;
@@ -542,12 +565,7 @@ impl Engine {
 
     /// Move the sled entries of an older version (`'i' | lane | offset`) into the entry files,
     /// in log order; the lanes are found from them, the key from each lane's newest record.
-    fn migrate_legacy(
-        &self,
-        idx: &mut Idx,
-        indexed: &mut HashMap<u64, u64>,
-        orphans: &mut Vec<u64>,
-    ) -> Result<(), LiteError> {
+    fn migrate_legacy(&self, idx: &mut Idx, orphans: &mut Vec<u64>) -> Result<(), LiteError> {
         let mut all: Vec<(u64, u64, u64, u64)> = Vec::new(); // lane, seq, pos, ts
         for kv in self.tree.scan_prefix([b'i']) {
             let (k, v) = kv?;
@@ -603,7 +621,6 @@ impl Engine {
                     last_entry: i,
                 },
             );
-            indexed.insert(lane, seq + 1);
             idx.dirty.insert(lane);
         }
         idx.watermark = self.tree.get([b'w'])?.map_or(0, |v| be64(&v));
@@ -734,7 +751,7 @@ impl Engine {
                 *pending.entry(p.lane).or_default() += 1;
             }
             let live = t.lanes.len() as u64;
-            let rewrite = idx.journal.len() > (16 << 20).max(live * 64 * 4);
+            let rewrite = idx.journal.len() > (16 << 20).max(live * 128);
             let mut buf = Vec::new();
             let mut put = |id: u64, l: &Lane| {
                 if l.last_entry == NONE {

@@ -19,7 +19,6 @@
 //! - Record framing: `len u32 | crc32c(payload) u32 | payload`, `payload[0]` the kind.
 //!   Integers are big-endian, like the log.
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -58,16 +57,11 @@ pub struct Checkpoint {
     pub next_id: u64,
 }
 
-/// What [`Journal::open`] loaded.
+/// What [`Journal::open`] found besides the records.
 #[derive(Debug, Default)]
 pub struct Loaded {
-    pub lanes: HashMap<u64, LaneRecord>,
     /// None: no checkpoint was ever completed (a new data directory).
     pub checkpoint: Option<Checkpoint>,
-    /// Group names by id.
-    pub groups: Vec<(u32, Box<str>)>,
-    /// Committed offsets: (lane, group id) -> offset.
-    pub commits: HashMap<(u64, u32), u64>,
     /// Bytes of a torn tail that were cut.
     pub cut: u64,
 }
@@ -149,7 +143,9 @@ fn encode_checkpoint(out: &mut Vec<u8>, c: &Checkpoint) {
     frame(out, &p);
 }
 
-enum Rec {
+/// A journal record, as [`Journal::open`] hands it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rec {
     Lane(LaneRecord),
     Gone(u64),
     Checkpoint(Checkpoint),
@@ -186,98 +182,154 @@ fn decode(p: &[u8]) -> Option<Rec> {
     }
 }
 
+/// Intact framed records from the start of a journal file, read through a buffer.
+struct Frames<'a> {
+    r: std::io::BufReader<&'a File>,
+}
+
+fn frames(file: &File) -> io::Result<Frames<'_>> {
+    use std::io::Seek;
+    let mut f = file;
+    f.seek(io::SeekFrom::Start(MAGIC.len() as u64))?;
+    Ok(Frames {
+        r: std::io::BufReader::with_capacity(1 << 20, f),
+    })
+}
+
+impl Frames<'_> {
+    /// The next intact record's payload into `payload`; None at the end or at the first
+    /// torn or corrupt record.
+    fn next(&mut self, payload: &mut Vec<u8>) -> io::Result<Option<usize>> {
+        let mut head = [0u8; 8];
+        if !read_full(&mut self.r, &mut head)? {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
+        if len > PAYLOAD_MAX || len == 0 {
+            return Ok(None);
+        }
+        payload.resize(len, 0);
+        if !read_full(&mut self.r, payload)? || crc32c::crc32c(payload) != crc {
+            return Ok(None);
+        }
+        if decode(payload).is_none() {
+            return Ok(None);
+        }
+        Ok(Some(len))
+    }
+}
+
+/// Fill `buf`; false if the stream ended first.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
 impl Journal {
-    /// Open (or create) the journal in `dir` and load the table of its last checkpoint.
-    pub fn open(dir: &Path) -> io::Result<(Journal, Loaded)> {
+    /// Open (or create) the journal in `dir` and hand `apply` the records that count, in file
+    /// order: the `Lane` and `Gone` records of completed checkpoints (a `Gone` removes the
+    /// lane and its group offsets), every intact `Group` and `Commit` record. The file is read
+    /// twice as a stream (find the last checkpoint, then apply), never held in memory.
+    pub fn open(dir: &Path, mut apply: impl FnMut(Rec)) -> io::Result<(Journal, Loaded)> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(FILE);
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&path)?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
+        let size = file.metadata()?.len();
         let mut loaded = Loaded::default();
-        // Group and commit records after the last checkpoint, to write again after the cut.
+        let mut magic = [0u8; MAGIC.len()];
+        let has_magic = size >= MAGIC.len() as u64 && {
+            use std::os::unix::fs::FileExt;
+            file.read_exact_at(&mut magic, 0)?;
+            &magic == MAGIC
+        };
+        if !has_magic && size > 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: not a lane table journal", path.display()),
+            ));
+        }
+        // Pass 1: where the last checkpoint ends; the group and commit records after it.
         let mut keep: Vec<u8> = Vec::new();
-        let good = if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
-            if !bytes.is_empty() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{}: not a lane table journal", path.display()),
-                ));
-            }
-            0
-        } else {
-            let mut at = MAGIC.len();
-            let mut good = at;
-            let mut batch: Vec<Rec> = Vec::new();
-            while let Some(head) = bytes.get(at..at + 8) {
-                let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
-                let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
-                if len > PAYLOAD_MAX {
-                    break;
-                }
-                let Some(p) = bytes.get(at + 8..at + 8 + len) else {
-                    break;
-                };
-                if crc32c::crc32c(p) != crc {
-                    break;
-                }
-                let Some(r) = decode(p) else {
-                    break;
-                };
-                let framed = &bytes[at..at + 8 + len];
-                at += 8 + len;
-                match r {
-                    Rec::Checkpoint(c) => {
-                        for r in batch.drain(..) {
-                            match r {
-                                Rec::Lane(l) => {
-                                    loaded.lanes.insert(l.id, l);
-                                }
-                                Rec::Gone(id) => {
-                                    loaded.lanes.remove(&id);
-                                    for (gid, _) in &loaded.groups {
-                                        loaded.commits.remove(&(id, *gid));
-                                    }
-                                }
-                                _ => {}
-                            }
-                        }
-                        loaded.checkpoint = Some(c);
+        let mut good = 0u64;
+        if has_magic {
+            let mut r = frames(&file)?;
+            good = MAGIC.len() as u64;
+            let mut at = good;
+            let mut payload = Vec::new();
+            while let Some(len) = r.next(&mut payload)? {
+                at += 8 + len as u64;
+                match payload.first() {
+                    Some(&KIND_CHECKPOINT) => {
                         good = at;
                         keep.clear();
                     }
-                    Rec::Group(gid, name) => {
-                        loaded.groups.push((gid, name));
-                        keep.extend_from_slice(framed);
-                    }
-                    Rec::Commit(lane, gid, off) => {
-                        loaded.commits.insert((lane, gid), off);
-                        keep.extend_from_slice(framed);
-                    }
-                    r => batch.push(r),
+                    Some(&KIND_GROUP) | Some(&KIND_COMMIT) => frame(&mut keep, &payload),
+                    _ => {}
                 }
             }
-            good
-        };
-        loaded.cut = (bytes.len() - good.min(bytes.len())) as u64;
+            // Pass 2: apply, up to the end of the last checkpoint.
+            let mut r = frames(&file)?;
+            let mut at = MAGIC.len() as u64;
+            let mut batch: Vec<Rec> = Vec::new();
+            while at < good {
+                let Some(len) = r.next(&mut payload)? else {
+                    break;
+                };
+                at += 8 + len as u64;
+                let Some(rec) = decode(&payload) else {
+                    continue;
+                };
+                match rec {
+                    Rec::Checkpoint(c) => {
+                        for x in batch.drain(..) {
+                            apply(x);
+                        }
+                        loaded.checkpoint = Some(c);
+                    }
+                    Rec::Lane(_) | Rec::Gone(_) => batch.push(rec),
+                    rec => apply(rec),
+                }
+            }
+            let mut at = 0;
+            while let Some(h) = keep.get(at..at + 8) {
+                let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+                if let Some(rec) = keep.get(at + 8..at + 8 + len).and_then(decode) {
+                    apply(rec);
+                }
+                at += 8 + len;
+            }
+        }
+        loaded.cut = size.saturating_sub(good);
         let mut j = Journal {
             dir: dir.to_path_buf(),
             file,
-            len: good as u64,
+            len: good,
         };
         if good == 0 {
             j.file.set_len(0)?;
-            j.file.write_all(MAGIC)?;
+            {
+                use std::os::unix::fs::FileExt;
+                j.file.write_all_at(MAGIC, 0)?;
+            }
             j.file.sync_all()?;
             File::open(dir)?.sync_all()?;
             j.len = MAGIC.len() as u64;
         } else if loaded.cut > 0 {
-            j.file.set_len(good as u64)?;
+            j.file.set_len(good)?;
             j.file.sync_all()?;
             if !keep.is_empty() {
                 j.append_commits(&keep)?;
@@ -348,6 +400,36 @@ impl Journal {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::collections::HashMap;
+
+    #[derive(Default)]
+    struct T {
+        lanes: HashMap<u64, LaneRecord>,
+        groups: Vec<(u32, Box<str>)>,
+        commits: HashMap<(u64, u32), u64>,
+    }
+
+    fn load(d: &Path) -> (Journal, Loaded, T) {
+        let mut t = T::default();
+        let (j, l) = Journal::open(d, |r| match r {
+            Rec::Lane(x) => {
+                t.lanes.insert(x.id, x);
+            }
+            Rec::Gone(id) => {
+                t.lanes.remove(&id);
+                for (g, _) in &t.groups {
+                    t.commits.remove(&(id, *g));
+                }
+            }
+            Rec::Group(g, n) => t.groups.push((g, n)),
+            Rec::Commit(lane, g, o) => {
+                t.commits.insert((lane, g), o);
+            }
+            Rec::Checkpoint(_) => {}
+        })
+        .unwrap();
+        (j, l, t)
+    }
 
     fn dir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!(
@@ -378,8 +460,8 @@ mod tests {
     #[test]
     fn the_table_of_the_last_complete_checkpoint_is_loaded_and_a_torn_tail_cut() {
         let d = dir("torn");
-        let (mut j, l) = Journal::open(&d).unwrap();
-        assert!(l.checkpoint.is_none() && l.lanes.is_empty());
+        let (mut j, l, t) = load(&d);
+        assert!(l.checkpoint.is_none() && t.lanes.is_empty());
         let c1 = Checkpoint {
             entries_end: 10,
             watermark: 100,
@@ -399,10 +481,10 @@ mod tests {
         j.file.write_all(&lane(9, 1, "zz")).unwrap();
         j.file.write_all(&[1, 2, 3]).unwrap();
         drop(j);
-        let (j, l) = Journal::open(&d).unwrap();
+        let (j, l, t) = load(&d);
         assert_eq!(l.checkpoint, Some(c2));
-        assert_eq!(l.lanes.len(), 1);
-        let a = &l.lanes[&1];
+        assert_eq!(t.lanes.len(), 1);
+        let a = &t.lanes[&1];
         assert_eq!((a.next, a.last_entry, &*a.key, a.parent), (6, 12, "a", 3));
         assert!(l.cut > 0);
         assert_eq!(j.len(), complete);
@@ -412,7 +494,7 @@ mod tests {
     #[test]
     fn commits_count_without_a_checkpoint_and_survive_the_cut_of_a_torn_one() {
         let d = dir("commits");
-        let (mut j, _) = Journal::open(&d).unwrap();
+        let (mut j, _, _) = load(&d);
         let c = Checkpoint {
             entries_end: 1,
             watermark: 2,
@@ -429,22 +511,22 @@ mod tests {
         encode_commit(&mut b, 1, 0, 4);
         j.file.write_all(&b).unwrap();
         drop(j);
-        let (j, l) = Journal::open(&d).unwrap();
-        assert_eq!(l.groups, vec![(0, "workers".into())]);
-        assert_eq!(l.commits.get(&(1, 0)), Some(&4));
-        assert_eq!(l.lanes.len(), 1, "the torn checkpoint's lane is not loaded");
+        let (j, _, t) = load(&d);
+        assert_eq!(t.groups, vec![(0, "workers".into())]);
+        assert_eq!(t.commits.get(&(1, 0)), Some(&4));
+        assert_eq!(t.lanes.len(), 1, "the torn checkpoint's lane is not loaded");
         drop(j);
         // The commits kept across the cut are there at the next open too.
-        let (_, l) = Journal::open(&d).unwrap();
-        assert_eq!(l.commits.get(&(1, 0)), Some(&4));
-        assert_eq!(l.lanes.len(), 1);
+        let (_, _, t) = load(&d);
+        assert_eq!(t.commits.get(&(1, 0)), Some(&4));
+        assert_eq!(t.lanes.len(), 1);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_rewrite_keeps_only_the_live_table() {
         let d = dir("rewrite");
-        let (mut j, _) = Journal::open(&d).unwrap();
+        let (mut j, _, _) = load(&d);
         let c = Checkpoint {
             entries_end: 1,
             watermark: 2,
@@ -457,8 +539,8 @@ mod tests {
         j.rewrite(lane(5, 50, "k"), &c).unwrap();
         assert!(j.len() < before / 10, "{} vs {before}", j.len());
         drop(j);
-        let (_, l) = Journal::open(&d).unwrap();
-        assert_eq!(l.lanes[&5].next, 50);
+        let (_, l, t) = load(&d);
+        assert_eq!(t.lanes[&5].next, 50);
         assert_eq!(l.checkpoint, Some(c));
         std::fs::remove_dir_all(&d).unwrap();
     }
