@@ -299,6 +299,7 @@ impl Engine {
             Rec::Commit(lane, gid, off) => {
                 commits.map.insert((lane, gid), off);
             }
+            Rec::Expect(n) => lanes.reserve(usize::try_from(n).unwrap_or(0)),
             Rec::Checkpoint(_) => {}
         })?;
         if loaded.cut > 0 {
@@ -453,7 +454,10 @@ impl Engine {
             }
             t.by_key = per
                 .into_iter()
-                .map(|(p, v)| (p, v.into_iter().collect::<BTreeMap<_, _>>()))
+                .map(|(p, mut v)| {
+                    v.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                    (p, v.into_iter().collect::<BTreeMap<_, _>>())
+                })
                 .collect();
             t.next_id = max_id;
         }
@@ -791,6 +795,7 @@ impl Engine {
                 entries_end: idx.entries.end(),
                 watermark: idx.watermark,
                 next_id: t.next_id,
+                lanes: t.lanes.len() as u64,
             };
             (buf, cp, rewrite)
         };

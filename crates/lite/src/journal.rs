@@ -55,6 +55,8 @@ pub struct Checkpoint {
     pub watermark: u64,
     /// Lane ids below this are used or were.
     pub next_id: u64,
+    /// Live lanes after this checkpoint (to size the table when loading).
+    pub lanes: u64,
 }
 
 /// What [`Journal::open`] found besides the records.
@@ -140,6 +142,7 @@ fn encode_checkpoint(out: &mut Vec<u8>, c: &Checkpoint) {
     put_u64(&mut p, c.entries_end);
     put_u64(&mut p, c.watermark);
     put_u64(&mut p, c.next_id);
+    put_u64(&mut p, c.lanes);
     frame(out, &p);
 }
 
@@ -149,6 +152,8 @@ pub enum Rec {
     Lane(LaneRecord),
     Gone(u64),
     Checkpoint(Checkpoint),
+    /// First, before any other record: how many lanes the table will hold.
+    Expect(u64),
     Group(u32, Box<str>),
     Commit(u64, u32, u64),
 }
@@ -168,6 +173,7 @@ fn decode(p: &[u8]) -> Option<Rec> {
             entries_end: u64_at(p, 1)?,
             watermark: u64_at(p, 9)?,
             next_id: u64_at(p, 17)?,
+            lanes: u64_at(p, 25)?,
         })),
         KIND_GROUP => Some(Rec::Group(
             u32::from_be_bytes(p.get(1..5)?.try_into().ok()?),
@@ -270,18 +276,23 @@ impl Journal {
             good = MAGIC.len() as u64;
             let mut at = good;
             let mut payload = Vec::new();
+            let mut expect = 0;
             while let Some(len) = r.next(&mut payload)? {
                 at += 8 + len as u64;
                 match payload.first() {
                     Some(&KIND_CHECKPOINT) => {
                         good = at;
                         keep.clear();
+                        if let Some(Rec::Checkpoint(c)) = decode(&payload) {
+                            expect = c.lanes;
+                        }
                     }
                     Some(&KIND_GROUP) | Some(&KIND_COMMIT) => frame(&mut keep, &payload),
                     _ => {}
                 }
             }
             // Pass 2: apply, up to the end of the last checkpoint.
+            apply(Rec::Expect(expect));
             let mut r = frames(&file)?;
             let mut at = MAGIC.len() as u64;
             let mut batch: Vec<Rec> = Vec::new();
@@ -425,7 +436,7 @@ mod tests {
             Rec::Commit(lane, g, o) => {
                 t.commits.insert((lane, g), o);
             }
-            Rec::Checkpoint(_) => {}
+            Rec::Checkpoint(_) | Rec::Expect(_) => {}
         })
         .unwrap();
         (j, l, t)
@@ -466,6 +477,7 @@ mod tests {
             entries_end: 10,
             watermark: 100,
             next_id: 3,
+            lanes: 1,
         };
         let mut b = lane(1, 4, "a");
         b.extend(lane(2, 1, "b"));
@@ -474,6 +486,7 @@ mod tests {
             entries_end: 12,
             watermark: 120,
             next_id: 3,
+            lanes: 1,
         };
         j.append(lane(1, 6, "a"), &[2], &c2).unwrap();
         let complete = j.len();
@@ -499,6 +512,7 @@ mod tests {
             entries_end: 1,
             watermark: 2,
             next_id: 9,
+            lanes: 1,
         };
         j.append(lane(1, 4, "a"), &[], &c).unwrap();
         let mut b = Vec::new();
@@ -531,6 +545,7 @@ mod tests {
             entries_end: 1,
             watermark: 2,
             next_id: 9,
+            lanes: 1,
         };
         for n in 0..50 {
             j.append(lane(5, n, "k"), &[], &c).unwrap();
