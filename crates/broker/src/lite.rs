@@ -177,6 +177,8 @@ pub struct Lite {
     rx: Mutex<Option<mpsc::Receiver<Event>>>,
     poked: Arc<AtomicBool>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The lane index checkpoints (fsyncs) run on a thread of their own, off the dispatcher.
+    checkpointer: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
     settings: Settings,
 }
 
@@ -189,6 +191,7 @@ impl Lite {
             rx: Mutex::new(Some(rx)),
             poked: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(None),
+            checkpointer: Mutex::new(None),
             settings: Settings {
                 sweep_interval: Duration::from_millis(cfg.sweep_interval_ms.max(10)),
                 flush_interval: Duration::from_millis(cfg.flush_interval_ms.max(1)),
@@ -228,6 +231,19 @@ impl Lite {
             .name("lite-dispatch".into())
             .spawn(move || d.run(rx))?;
         *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(h);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (engine, flag) = (self.engine.clone(), stop.clone());
+        let c = std::thread::Builder::new()
+            .name("lane-checkpoint".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if let Err(e) = engine.checkpoint_if_due() {
+                        warn!(error = %e, "cannot checkpoint the lane index");
+                    }
+                }
+            })?;
+        *self.checkpointer.lock().unwrap_or_else(|e| e.into_inner()) = Some((stop, c));
         Ok(())
     }
 
@@ -257,6 +273,15 @@ impl Lite {
     /// Stop the dispatcher; flushes the group offsets.
     pub fn stop(&self) {
         self.send(Event::Stop);
+        if let Some((stop, h)) = self
+            .checkpointer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            stop.store(true, Ordering::Release);
+            let _ = h.join();
+        }
         if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }
@@ -469,9 +494,6 @@ impl Dispatcher {
                 self.handle(e);
             }
             self.index();
-            if let Err(e) = self.engine.checkpoint_if_due() {
-                warn!(error = %e, "cannot checkpoint the lane index");
-            }
             self.fire_timers();
             self.fire_deadlines();
             self.dispatch_ready();

@@ -181,7 +181,6 @@ impl Table {
 /// The lane index: entry files, journal, and what the next checkpoint writes.
 struct Idx {
     entries: LaneEntries,
-    journal: Journal,
     /// Lanes indexed since the last checkpoint.
     dirty: std::collections::HashSet<u64>,
     /// Lanes removed since the last checkpoint.
@@ -225,6 +224,10 @@ const MARK_EVERY: u64 = 1024;
 pub struct Engine {
     store: Store,
     idx: Mutex<Idx>,
+    /// The lane table journal; its fsyncs never happen under `idx` or the table lock.
+    journal: Mutex<Journal>,
+    /// Serialises checkpoints.
+    checkpointing: Mutex<()>,
     commits: Mutex<Commits>,
     tree: sled::Tree,
     parents_tree: sled::Tree,
@@ -312,7 +315,6 @@ impl Engine {
         let (entries, report) = LaneEntries::open(&dir, cp.entries_end)?;
         let idx = Idx {
             entries,
-            journal,
             dirty: Default::default(),
             gone: Vec::new(),
             watermark: cp.watermark,
@@ -322,6 +324,8 @@ impl Engine {
         let e = Engine {
             store,
             idx: Mutex::new(idx),
+            journal: Mutex::new(journal),
+            checkpointing: Mutex::new(()),
             commits: Mutex::new(commits),
             tree,
             parents_tree,
@@ -411,8 +415,8 @@ impl Engine {
         report: crate::entries::OpenReport,
     ) -> Result<(), LiteError> {
         let started = Instant::now();
-        let mut idx = self.lock_idx();
-        let idx = &mut *idx;
+        let mut idx_guard = self.lock_idx();
+        let idx = &mut *idx_guard;
         let legacy = self.tree.scan_prefix([b'i']).next().is_some();
         let journaled = loaded.checkpoint.is_some();
         let mut orphans = Vec::new();
@@ -542,10 +546,12 @@ impl Engine {
             }
         }
         idx.watermark = end;
+        let entries = idx.entries.end() - idx.entries.head();
+        drop(idx_guard);
         self.reschedule_all();
         let legacy_commits = self.import_legacy_commits()?;
-        self.checkpoint_locked(idx, true)?;
-        self.journal_commits(idx)?;
+        self.checkpoint_now(true)?;
+        self.journal_commits()?;
         if legacy {
             self.drop_legacy()?;
         }
@@ -560,7 +566,7 @@ impl Engine {
         info!(
             lanes,
             replayed,
-            entries = idx.entries.end() - idx.entries.head(),
+            entries,
             ms = started.elapsed().as_millis() as u64,
             "lite lanes recovered"
         );
@@ -696,12 +702,17 @@ impl Engine {
     }
 
     /// Append the group offsets stored since the last call to the journal; fsync.
-    fn journal_commits(&self, idx: &mut Idx) -> Result<(), LiteError> {
+    fn journal_commits(&self) -> Result<(), LiteError> {
+        let mut j = self.lock_journal();
         let bytes = std::mem::take(&mut self.lock_commits().unjournaled);
         if !bytes.is_empty() {
-            idx.journal.append_commits(&bytes)?;
+            j.append_commits(&bytes)?;
         }
         Ok(())
+    }
+
+    fn lock_journal(&self) -> MutexGuard<'_, Journal> {
+        self.journal.lock().unwrap_or_else(|x| x.into_inner())
     }
 
     /// Remove an older version's per-message sled entries (after a checkpoint holds them).
@@ -725,28 +736,32 @@ impl Engine {
     }
 
     /// fsync the entry files and journal the lanes that changed, if [`CHECKPOINT_MS`] passed
-    /// since the last checkpoint.
+    /// since the last checkpoint. Meant for a thread of its own: the fsyncs happen without
+    /// the index or table lock, so publishing and dispatching go on meanwhile.
     pub fn checkpoint_if_due(&self) -> Result<(), LiteError> {
-        let mut idx = self.lock_idx();
-        if idx.last_checkpoint.elapsed() < Duration::from_millis(CHECKPOINT_MS) {
+        if self.lock_idx().last_checkpoint.elapsed() < Duration::from_millis(CHECKPOINT_MS) {
             return Ok(());
         }
-        self.checkpoint_locked(&mut idx, false)
+        self.checkpoint_now(false)
     }
 
     /// fsync the entry files and journal the lanes that changed (at shutdown, in tests).
     pub fn checkpoint(&self) -> Result<(), LiteError> {
-        let mut idx = self.lock_idx();
-        self.checkpoint_locked(&mut idx, true)
+        self.checkpoint_now(true)
     }
 
-    fn checkpoint_locked(&self, idx: &mut Idx, force: bool) -> Result<(), LiteError> {
-        idx.last_checkpoint = Instant::now();
-        if !force && idx.dirty.is_empty() && idx.gone.is_empty() {
-            return Ok(());
-        }
-        idx.entries.sync()?;
-        let (lanes, cp, rewrite) = {
+    fn checkpoint_now(&self, force: bool) -> Result<(), LiteError> {
+        let _one = self.checkpointing.lock().unwrap_or_else(|x| x.into_inner());
+        let journal_len = self.lock_journal().len();
+        // 1. Under the locks, no I/O: what to sync and what to journal.
+        let (files, new_file, dir, lanes, gone, cp, rewrite) = {
+            let mut idx = self.lock_idx();
+            let idx = &mut *idx;
+            idx.last_checkpoint = Instant::now();
+            if !force && idx.dirty.is_empty() && idx.gone.is_empty() {
+                return Ok(());
+            }
+            let (files, new_file) = idx.entries.take_unsynced();
             let t = self.lock();
             // The table's next offset counts entries still pending; the journal keeps what is
             // in the files.
@@ -755,7 +770,7 @@ impl Engine {
                 *pending.entry(p.lane).or_default() += 1;
             }
             let live = t.lanes.len() as u64;
-            let rewrite = idx.journal.len() > (16 << 20).max(live * 128);
+            let rewrite = journal_len > (16 << 20).max(live * 128);
             let mut buf = Vec::new();
             let mut put = |id: u64, l: &Lane| {
                 if l.last_entry == NONE {
@@ -797,19 +812,38 @@ impl Engine {
                 next_id: t.next_id,
                 lanes: t.lanes.len() as u64,
             };
-            (buf, cp, rewrite)
-        };
-        if rewrite {
-            idx.journal.rewrite(lanes, &cp)?;
-        } else {
+            idx.dirty.clear();
             let gone = std::mem::take(&mut idx.gone);
-            idx.journal.append(lanes, &gone, &cp)?;
+            (
+                files,
+                new_file,
+                idx.entries.dir().to_path_buf(),
+                buf,
+                gone,
+                cp,
+                rewrite,
+            )
+        };
+        // 2. The entries below the journaled end are on disk before the journal says so.
+        for f in &files {
+            f.sync_data()?;
         }
-        idx.dirty.clear();
-        idx.gone.clear();
-        // Entries whose records left the log go with whole files.
+        if new_file {
+            std::fs::File::open(&dir)?.sync_all()?;
+        }
+        // 3. The journal.
+        {
+            let mut j = self.lock_journal();
+            if rewrite {
+                j.rewrite(lanes, &cp)?;
+            } else {
+                j.append(lanes, &gone, &cp)?;
+            }
+        }
+        // 4. Entries whose records left the log go with whole files.
         let first = self.store.first_offset();
-        let below = idx.entries.seek_pos(first)?;
+        let mut idx = self.lock_idx();
+        let below = idx.entries.seek_pos(first)?.min(cp.entries_end);
         if idx.entries.drop_files_below(below)? > 0 {
             let head = idx.entries.head();
             for m in idx.marks.values_mut() {
@@ -1169,8 +1203,7 @@ impl Engine {
     /// Make sled durable (group offsets, index).
     pub fn flush(&self) -> Result<(), LiteError> {
         self.tree.flush()?;
-        let mut idx = self.lock_idx();
-        self.journal_commits(&mut idx)
+        self.journal_commits()
     }
 
     /// Remove a lane's group offsets; its entries become garbage (reclaimed with their file).

@@ -229,6 +229,26 @@ impl LaneEntries {
         Ok(first)
     }
 
+    /// What [`LaneEntries::sync`] would fsync, to be synced by the caller without holding
+    /// whatever guards `self`: the files appended to since the last call, and whether the
+    /// directory needs a sync too (a new file). Marks them synced.
+    pub fn take_unsynced(&mut self) -> (Vec<Arc<File>>, bool) {
+        let Some(from) = self.unsynced_from.take() else {
+            return (Vec::new(), false);
+        };
+        let last = self.end.saturating_sub(1) / SEG_ENTRIES;
+        let files = (from / SEG_ENTRIES..=last)
+            .filter_map(|no| self.files.get(&no).cloned())
+            .collect();
+        let new_file = from < self.end && (from % SEG_ENTRIES == 0 || last > from / SEG_ENTRIES);
+        (files, new_file)
+    }
+
+    /// The directory of the files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// fsync the files appended to since the last sync.
     pub fn sync(&mut self) -> io::Result<()> {
         let Some(from) = self.unsynced_from else {
