@@ -275,11 +275,11 @@ if [ -f "$TMP/create.json" ]; then
     "$(field create lanes.lanes_per_sec) lanes/s ($(field create lanes.acked) acked, $(field create lanes.ack_errors) refused, $(field create lanes.publish_secs) s)"
   row "broker RSS before / after the last PUBACK / settled" \
     "$(field create lanes.rss_before_kb) / $(field create lanes.rss_after_kb) / $(field create lanes.rss_settled_kb) KiB (quiet: $(field create lanes.settled) after $(field create lanes.settle_secs) s, broker CPU $(field create lanes.settle_cpu_secs) s meanwhile)"
-  row "broker RSS per idle lane (settled − before) / lanes" "$(field create lanes.rss_per_lane_bytes) B" "≤ 300 B"
+  row "broker RSS per idle lane (settled − before) / lanes" "$(field create lanes.rss_per_lane_bytes) B" "≤ 200 B"
   if [ -f "$TMP/active-idle-1.json" ]; then
     later=$(field active-idle-1 lanes.rss_before_kb)
     row "broker RSS when the first active run started ($PAUSE s after sync), per idle lane" \
-      "$later KiB, $(python3 -c 'import sys; b,a,n=sys.argv[1:]; print("-" if "-" in (b,a) else "%.0f" % ((float(a)-float(b))*1024/float(n)))' "$(field create lanes.rss_before_kb)" "$later" "$LANES") B" "≤ 300 B"
+      "$later KiB, $(python3 -c 'import sys; b,a,n=sys.argv[1:]; print("-" if "-" in (b,a) else "%.0f" % ((float(a)-float(b))*1024/float(n)))' "$(field create lanes.rss_before_kb)" "$later" "$LANES") B" "≤ 200 B"
   fi
 fi
 if [ -f "$TMP/control.json" ]; then
