@@ -95,7 +95,8 @@ enum AclCommand {
 
 #[derive(Subcommand)]
 enum LogCommand {
-    /// Check every record of the log (length, CRC32C, sequence); exit status 1 on any problem.
+    /// Check every record of the log (length, CRC32C, sequence) and the lane index against it
+    /// (entries, chains, the lane table journal); exit status 1 on any problem.
     Verify {
         /// Data directory (the log is in DIR/log).
         #[arg(long, env = "LANEMQ_DATA_DIR", default_value = "data")]
@@ -429,11 +430,39 @@ fn log_command(command: LogCommand) -> Result<()> {
                     p.reason
                 );
             }
-            if report.is_ok() {
+            let lanes = lanemq_lite::verify::verify(&data_dir).with_context(|| {
+                format!(
+                    "cannot read the lane index in {}",
+                    data_dir.join("lanes").display()
+                )
+            })?;
+            if lanes.present {
+                println!(
+                    "{}: {} lanes, {} entries, {} matched with their records' lane hints; \
+                     {} entries of records retention removed, {} past the last checkpoint \
+                     (indexed again at start), {} hints after the watermark, {} hints of \
+                     removed lanes",
+                    data_dir.join("lanes").display(),
+                    lanes.lanes,
+                    lanes.entries,
+                    lanes.matched,
+                    lanes.of_deleted_records,
+                    lanes.past_end,
+                    lanes.not_indexed_yet,
+                    lanes.hints_without_entry
+                );
+                for p in &lanes.problems {
+                    println!("problem: lane index: {p}");
+                }
+            }
+            if report.is_ok() && lanes.is_ok() {
                 println!("ok");
                 Ok(())
             } else {
-                anyhow::bail!("{} problem(s) found", report.problems.len())
+                anyhow::bail!(
+                    "{} problem(s) found",
+                    report.problems.len() + lanes.problems.len()
+                )
             }
         }
         LogCommand::Dump {

@@ -58,7 +58,7 @@ impl LaneEntry {
         }
     }
 
-    fn decode(b: &[u8]) -> Option<LaneEntry> {
+    pub(crate) fn decode(b: &[u8]) -> Option<LaneEntry> {
         let w = |i: usize| -> Option<u64> {
             Some(u64::from_be_bytes(
                 b.get(i * 8..i * 8 + 8)?.try_into().ok()?,

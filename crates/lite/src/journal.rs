@@ -240,6 +240,99 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
     Ok(true)
 }
 
+/// Both passes of [`Journal::open`] over `file`, changing nothing: the end of the last
+/// checkpoint (0 for an empty file), the group and commit records after it (framed), the
+/// last checkpoint.
+fn load(
+    file: &File,
+    path: &Path,
+    apply: &mut dyn FnMut(Rec),
+) -> io::Result<(u64, Vec<u8>, Option<Checkpoint>)> {
+    let size = file.metadata()?.len();
+    let mut magic = [0u8; MAGIC.len()];
+    let has_magic = size >= MAGIC.len() as u64 && {
+        use std::os::unix::fs::FileExt;
+        file.read_exact_at(&mut magic, 0)?;
+        &magic == MAGIC
+    };
+    if !has_magic && size > 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: not a lane table journal", path.display()),
+        ));
+    }
+    let mut keep: Vec<u8> = Vec::new();
+    let mut checkpoint = None;
+    if !has_magic {
+        return Ok((0, keep, checkpoint));
+    }
+    // Pass 1: where the last checkpoint ends; the group and commit records after it.
+    let mut r = frames(file)?;
+    let mut good = MAGIC.len() as u64;
+    let mut at = good;
+    let mut payload = Vec::new();
+    let mut expect = 0;
+    while let Some(len) = r.next(&mut payload)? {
+        at += 8 + len as u64;
+        match payload.first() {
+            Some(&KIND_CHECKPOINT) => {
+                good = at;
+                keep.clear();
+                if let Some(Rec::Checkpoint(c)) = decode(&payload) {
+                    expect = c.lanes;
+                }
+            }
+            Some(&KIND_GROUP) | Some(&KIND_COMMIT) => frame(&mut keep, &payload),
+            _ => {}
+        }
+    }
+    // Pass 2: apply, up to the end of the last checkpoint.
+    apply(Rec::Expect(expect));
+    let mut r = frames(file)?;
+    let mut at = MAGIC.len() as u64;
+    let mut batch: Vec<Rec> = Vec::new();
+    while at < good {
+        let Some(len) = r.next(&mut payload)? else {
+            break;
+        };
+        at += 8 + len as u64;
+        let Some(rec) = decode(&payload) else {
+            continue;
+        };
+        match rec {
+            Rec::Checkpoint(c) => {
+                for x in batch.drain(..) {
+                    apply(x);
+                }
+                checkpoint = Some(c);
+            }
+            Rec::Lane(_) | Rec::Gone(_) => batch.push(rec),
+            rec => apply(rec),
+        }
+    }
+    let mut at = 0;
+    while let Some(h) = keep.get(at..at + 8) {
+        let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        if let Some(rec) = keep.get(at + 8..at + 8 + len).and_then(decode) {
+            apply(rec);
+        }
+        at += 8 + len;
+    }
+    Ok((good, keep, checkpoint))
+}
+
+/// Read the journal in `dir` like [`Journal::open`], without creating or changing anything
+/// (for offline checks). None: there is no journal.
+pub fn read_only(dir: &Path, mut apply: impl FnMut(Rec)) -> io::Result<Option<Checkpoint>> {
+    let path = dir.join(FILE);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(load(&file, &path, &mut apply)?.2)
+}
+
 impl Journal {
     /// Open (or create) the journal in `dir` and hand `apply` the records that count, in file
     /// order: the `Lane` and `Gone` records of completed checkpoints (a `Gone` removes the
@@ -256,74 +349,8 @@ impl Journal {
             .open(&path)?;
         let size = file.metadata()?.len();
         let mut loaded = Loaded::default();
-        let mut magic = [0u8; MAGIC.len()];
-        let has_magic = size >= MAGIC.len() as u64 && {
-            use std::os::unix::fs::FileExt;
-            file.read_exact_at(&mut magic, 0)?;
-            &magic == MAGIC
-        };
-        if !has_magic && size > 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: not a lane table journal", path.display()),
-            ));
-        }
-        // Pass 1: where the last checkpoint ends; the group and commit records after it.
-        let mut keep: Vec<u8> = Vec::new();
-        let mut good = 0u64;
-        if has_magic {
-            let mut r = frames(&file)?;
-            good = MAGIC.len() as u64;
-            let mut at = good;
-            let mut payload = Vec::new();
-            let mut expect = 0;
-            while let Some(len) = r.next(&mut payload)? {
-                at += 8 + len as u64;
-                match payload.first() {
-                    Some(&KIND_CHECKPOINT) => {
-                        good = at;
-                        keep.clear();
-                        if let Some(Rec::Checkpoint(c)) = decode(&payload) {
-                            expect = c.lanes;
-                        }
-                    }
-                    Some(&KIND_GROUP) | Some(&KIND_COMMIT) => frame(&mut keep, &payload),
-                    _ => {}
-                }
-            }
-            // Pass 2: apply, up to the end of the last checkpoint.
-            apply(Rec::Expect(expect));
-            let mut r = frames(&file)?;
-            let mut at = MAGIC.len() as u64;
-            let mut batch: Vec<Rec> = Vec::new();
-            while at < good {
-                let Some(len) = r.next(&mut payload)? else {
-                    break;
-                };
-                at += 8 + len as u64;
-                let Some(rec) = decode(&payload) else {
-                    continue;
-                };
-                match rec {
-                    Rec::Checkpoint(c) => {
-                        for x in batch.drain(..) {
-                            apply(x);
-                        }
-                        loaded.checkpoint = Some(c);
-                    }
-                    Rec::Lane(_) | Rec::Gone(_) => batch.push(rec),
-                    rec => apply(rec),
-                }
-            }
-            let mut at = 0;
-            while let Some(h) = keep.get(at..at + 8) {
-                let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
-                if let Some(rec) = keep.get(at + 8..at + 8 + len).and_then(decode) {
-                    apply(rec);
-                }
-                at += 8 + len;
-            }
-        }
+        let (good, keep, checkpoint) = load(&file, &path, &mut apply)?;
+        loaded.checkpoint = checkpoint;
         loaded.cut = size.saturating_sub(good);
         let mut j = Journal {
             dir: dir.to_path_buf(),

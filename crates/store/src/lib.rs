@@ -39,6 +39,6 @@ pub use log::{
 pub use record::{IndexHint, Properties, Record, RecordIn};
 pub use segment::{idx_file_name, segment_file_name, SEGMENT_HEADER_LEN};
 pub use verify::{
-    dump, dump_with, format_timestamp_us, verify, verify_with, Problem, SegmentSummary,
-    VerifyReport,
+    dump, dump_with, format_timestamp_us, verify, verify_with, walk_records, Problem,
+    SegmentSummary, VerifyReport, Walked,
 };

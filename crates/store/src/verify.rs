@@ -1,5 +1,5 @@
-//! Offline tools over a log directory: [`verify`] checks every record, [`dump`] prints them.
-//! Both open files read-only and change nothing (a torn tail is reported, not cut), so they
+//! Offline tools over a log directory: [`verify`] checks every record, [`dump`] prints them,
+//! [`walk_records`] hands them to a function (index checks use it). All open files read-only and change nothing (a torn tail is reported, not cut), so they
 //! are safe to run next to a stopped broker; on a running one they may report the tail
 //! being written as torn.
 
@@ -238,6 +238,68 @@ pub fn dump_with(
     limit: u64,
     out: &mut dyn Write,
 ) -> Result<u64, StoreError> {
+    if limit == 0 {
+        return Ok(0);
+    }
+    let mut printed = 0u64;
+    let mut failed = None;
+    walk_with(fs, data_dir, from, &mut |w| {
+        let r = match w {
+            Walked::Record(r, size) => writeln!(
+                out,
+                "{}\t{}\tqos={}\tretain={}\tsize={}\t{}",
+                r.offset,
+                format_timestamp_us(r.timestamp_us),
+                r.qos,
+                u8::from(r.retain),
+                size,
+                r.topic
+            )
+            .map(|()| printed += 1),
+            Walked::Stop(path, position, reason) => writeln!(
+                out,
+                "# {}: stops at byte {position}: {reason}",
+                path.display()
+            ),
+        };
+        match r {
+            Ok(()) => printed < limit,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        }
+    })?;
+    match failed {
+        Some(e) => Err(StoreError::io("write", "<output>", e)),
+        None => Ok(printed),
+    }
+}
+
+/// What [`walk_records`] hands over.
+pub enum Walked<'a> {
+    /// A record and its size in bytes.
+    Record(&'a record::Record, usize),
+    /// A segment's readable records end before its end: path, byte position, why.
+    Stop(&'a Path, u64, &'a str),
+}
+
+/// Every record of the log in `<data_dir>/log` from offset `from`, in order, read-only, until
+/// `f` returns false; returns the number of records handed over.
+pub fn walk_records(
+    data_dir: &Path,
+    from: u64,
+    f: &mut dyn FnMut(Walked<'_>) -> bool,
+) -> Result<u64, StoreError> {
+    walk_with(&StdFs, data_dir, from, f)
+}
+
+fn walk_with(
+    fs: &dyn Fs,
+    data_dir: &Path,
+    from: u64,
+    f: &mut dyn FnMut(Walked<'_>) -> bool,
+) -> Result<u64, StoreError> {
     let dir = data_dir.join("log");
     let listing = list_dir(fs, &dir)?;
     let start_seg = listing
@@ -249,8 +311,7 @@ pub fn dump_with(
     let Some(start_seg) = start_seg else {
         return Ok(0);
     };
-    let mut printed = 0u64;
-    let io = |e: std::io::Error| StoreError::io("write", "<output>", e);
+    let mut n = 0u64;
     for (&first, path) in listing.segs.range(start_seg..) {
         let file = fs
             .open_read(path)
@@ -272,39 +333,23 @@ pub fn dump_with(
         }
         let mut c = Cursor::seek(seg, from.max(first), 64 << 10)?;
         loop {
-            if printed >= limit {
-                return Ok(printed);
-            }
             let pos = c.pos;
             let Some(raw) = c.next_raw()? else { break };
             let size = raw.len();
             let r =
                 record::decode_record(raw).map_err(|why| StoreError::corrupt(path, pos, why))?;
-            writeln!(
-                out,
-                "{}\t{}\tqos={}\tretain={}\tsize={}\t{}",
-                r.offset,
-                format_timestamp_us(r.timestamp_us),
-                r.qos,
-                u8::from(r.retain),
-                size,
-                r.topic
-            )
-            .map_err(io)?;
-            printed += 1;
+            n += 1;
+            if !f(Walked::Record(&r, size)) {
+                return Ok(n);
+            }
         }
         if let Some(stop) = &scan.stop {
-            writeln!(
-                out,
-                "# {}: stops at byte {}: {}",
-                path.display(),
-                stop.position,
-                stop.reason
-            )
-            .map_err(io)?;
+            if !f(Walked::Stop(path, stop.position, stop.reason)) {
+                return Ok(n);
+            }
         }
     }
-    Ok(printed)
+    Ok(n)
 }
 
 #[cfg(test)]
