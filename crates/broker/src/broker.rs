@@ -476,8 +476,18 @@ impl Broker {
                 stream: None,
                 lane: None,
             };
-            effects |= stored && d.qos != QoS::AtMostOnce;
-            self.push(&t.session, d);
+            // A durable queue entry is an effect a replay must not repeat: deliveries to
+            // sessions that end with their connection leave nothing in the index, so QoS 1
+            // needs no `Routed` marker for them (one per message was most of the index's disk
+            // writes). QoS 2 keeps the marker as before: a replay also restores the
+            // publisher's inbound packet ids, which must not come back after its PUBREL.
+            let qos2 = msg.qos == QoS::ExactlyOnce && d.qos != QoS::AtMostOnce;
+            let mut durable = false;
+            let outcome = t.session.push_tracked(d, Some(&self.persist), &mut durable);
+            if outcome == PushOutcome::Dropped {
+                self.stats.messages_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            effects |= stored && (durable || qos2);
         }
         if effects {
             submit(Op::Routed { offset: msg.offset });

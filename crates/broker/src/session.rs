@@ -305,7 +305,19 @@ impl Session {
     /// Queue a delivery. Never waits: QoS 0 is queued only for a connected session within the
     /// byte budgets (else dropped and counted); QoS 1/2 beyond the byte budgets is kept as a
     /// log position; a full queue applies the session's [`QueueOverflow`].
-    pub fn push(&self, mut d: Delivery, persist: Option<&Persist>) -> PushOutcome {
+    pub fn push(&self, d: Delivery, persist: Option<&Persist>) -> PushOutcome {
+        self.push_tracked(d, persist, &mut false)
+    }
+
+    /// [`Session::push`]; sets `durable` when the delivery became a durable queue entry (a
+    /// persistent session's QoS 1/2 message), the only effect a replay after a restart must
+    /// not apply twice.
+    pub fn push_tracked(
+        &self,
+        mut d: Delivery,
+        persist: Option<&Persist>,
+        durable: &mut bool,
+    ) -> PushOutcome {
         let mut st = self.lock();
         if st.ended {
             return PushOutcome::Dropped;
@@ -355,6 +367,7 @@ impl Session {
                     qos: d.qos.as_u8(),
                     retain: d.retain,
                 });
+                *durable = true;
             }
         }
         let spillable = d.qos != QoS::AtMostOnce
