@@ -662,6 +662,7 @@ impl Engine {
         Ok(n)
     }
 
+    /// Remove every sled key starting with `tag`, in bounded batches; flush.
     fn drop_prefix(&self, tag: u8) -> Result<(), LiteError> {
         loop {
             let mut b = sled::Batch::default();
@@ -717,22 +718,8 @@ impl Engine {
 
     /// Remove an older version's per-message sled entries (after a checkpoint holds them).
     fn drop_legacy(&self) -> Result<(), LiteError> {
-        loop {
-            let mut b = sled::Batch::default();
-            let mut n = 0;
-            for kv in self.tree.scan_prefix([b'i']).take(INDEX_BATCH_MAX) {
-                let (k, _) = kv?;
-                b.remove(k);
-                n += 1;
-            }
-            if n == 0 {
-                break;
-            }
-            self.tree.apply_batch(b)?;
-        }
         self.tree.remove([b'w'])?;
-        self.tree.flush()?;
-        Ok(())
+        self.drop_prefix(b'i')
     }
 
     /// fsync the entry files and journal the lanes that changed, if [`CHECKPOINT_MS`] passed
