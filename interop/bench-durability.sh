@@ -5,16 +5,22 @@
 #   2. restart time with RECORDS records in the log: process start -> port accepts connections
 #   3. write amplification: bytes the broker wrote to disk (/proc/PID/io write_bytes) per byte
 #      of payload, QoS 1, with 0, 1 and 10 (online) subscribers
+#   4. retention: one retained message, one last value and 200 messages queued for an offline
+#      session, then RETENTION_MB of QoS 1 traffic with retention_max_bytes = 50 MiB: the
+#      log's size (peak and settled) against the limit + one segment, and all of them still
+#      delivered afterwards
 # Every load is bounded (duration or count); traffic on 127.0.0.1 only.
 #
-# Environment: DURATION=5  RECORDS=10000000  AMP_MESSAGES=200000  SKIP_BUILD=1  SECTIONS="policy restart amp"
+# Environment: DURATION=5  RECORDS=10000000  AMP_MESSAGES=200000  RETENTION_MB=300  SKIP_BUILD=1
+#              SECTIONS="policy restart amp retention"
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 DURATION=${DURATION:-5}
 RECORDS=${RECORDS:-10000000}
 AMP_MESSAGES=${AMP_MESSAGES:-200000}
-SECTIONS=${SECTIONS:-"policy restart amp"}
+RETENTION_MB=${RETENTION_MB:-300}
+SECTIONS=${SECTIONS:-"policy restart amp retention"}
 BIN=target/release/lanemq
 BENCH=target/release/lanemq-bench
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release -p lanemq -p lanemq-bench >&2
@@ -105,4 +111,51 @@ if [[ " $SECTIONS " == *" amp "* ]]; then
       stop
     done
   done
+fi
+
+if [[ " $SECTIONS " == *" retention "* ]]; then
+  echo "== retention: retained + last value + 200 queued, then ${RETENTION_MB} MB of QoS 1, retention_max_bytes = 50 MiB"
+  D="$TMP/retention"
+  PORT=$(free_port)
+  echo "default allow" >"$TMP/allow.acl"
+  cat >"$TMP/cfg.toml" <<CFG
+[server]
+sys_interval_s = 0
+acl_file = "$TMP/allow.acl"
+[storage]
+retention_max_bytes = 52428800
+retention_interval_s = 1
+[[streams]]
+name = "last"
+topic_filter = "rt/last/+"
+is_lastvalue = true
+key_expression = "message.topic.2"
+CFG
+  "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$D" --config "$TMP/cfg.toml" >>"$TMP/broker.log" 2>&1 &
+  PID=$!
+  wait_port "$PORT" >/dev/null
+  mosquitto_sub -p "$PORT" -V mqttv5 -i rt-queue -c -x 3600 -q 1 -t rt/q -E
+  mosquitto_pub -p "$PORT" -V mqttv5 -q 1 -r -t rt/status -m online
+  mosquitto_pub -p "$PORT" -V mqttv5 -q 1 -t rt/last/dev1 -m v1
+  seq 1 200 | mosquitto_pub -p "$PORT" -V mqttv5 -q 1 -t rt/q -l
+  per=$(( RETENTION_MB * 1000000 / 1024 / 10 ))
+  "$BENCH" --port "$PORT" --publishers 10 --subscribers 0 --qos 1 --payload 1024 --topic-mode fan-in \
+    --count "$per" --duration 600 --timeout 900 --quiet >"$TMP/ret.txt" 2>&1 &
+  BPID=$!
+  peak=0
+  while kill -0 "$BPID" 2>/dev/null; do
+    b=$(du -sb "$D/log" | cut -f1); [ "$b" -gt "$peak" ] && peak=$b
+    sleep 0.5
+  done
+  wait "$BPID" || true
+  grep -E "^published" "$TMP/ret.txt" || cat "$TMP/ret.txt"
+  sleep 3
+  settled=$(du -sb "$D/log" | cut -f1); [ "$settled" -gt "$peak" ] && peak=$settled
+  python3 -c "m=1<<20; print(f'log: peak {$peak/m:.1f} MiB, settled {$settled/m:.1f} MiB; limit + one segment = {50+64} MiB')"
+  r=$(mosquitto_sub -p "$PORT" -V mqttv5 -t rt/status -C 1 -W 5 || echo MISSING)
+  lv=$(mosquitto_sub -p "$PORT" -V mqttv5 -t '$stream/last' -D subscribe user-property stream-offset earliest -C 1 -W 5 || echo MISSING)
+  q=$(mosquitto_sub -p "$PORT" -V mqttv5 -i rt-queue -c -x 3600 -q 1 -t rt/q -C 200 -W 10 | wc -l)
+  echo "after: retained=$r last_value=$lv queued_delivered=$q/200"
+  grep "carried" "$TMP/broker.log" | tail -1 | sed 's/\x1b\[[0-9;]*m//g'
+  stop
 fi

@@ -22,6 +22,7 @@ mod mqtt5_connect;
 mod mqtt5_features;
 mod mqtt5_publish;
 mod mqtt5_subscribe;
+mod retention;
 mod sessions;
 mod shared;
 mod shutdown;

@@ -99,16 +99,7 @@ impl Broker {
         let data_dir = dir.0.join("data");
         let config_path = dir.0.join("lanemq.toml");
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        // The REST API only where a test asks for it (`[admin]` in `extra_toml`).
-        let admin = if extra_toml.contains("[admin]") {
-            ""
-        } else {
-            "[admin]\nenable = false\n\n"
-        };
-        let toml = format!(
-            "[server]\nsys_interval_s = 0\nshutdown_grace_ms = 2000\n\n\
-             [mqtt]\nmax_queued_messages = 1000000\n\n{admin}{extra_toml}"
-        );
+        let toml = compose("", extra_toml);
         std::fs::write(&config_path, toml).expect("write config");
         let mut b = Broker {
             child: None,
@@ -257,16 +248,8 @@ impl Broker {
         let data_dir = dir.0.join("data");
         let config_path = dir.0.join("lanemq.toml");
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let admin = if extra_toml.contains("[admin]") {
-            ""
-        } else {
-            "[admin]\nenable = false\n\n"
-        };
-        let toml = format!(
-            "[server]\nsys_interval_s = 0\nshutdown_grace_ms = 2000\nacl_file = {:?}\n\n\
-             [mqtt]\nmax_queued_messages = 1000000\n\n{admin}{extra_toml}",
-            acl_path.display().to_string()
-        );
+        let acl = format!("acl_file = {:?}\n", acl_path.display().to_string());
+        let toml = compose(&acl, extra_toml);
         std::fs::write(&config_path, toml).expect("write config");
         let mut b = Broker {
             child: None,
@@ -281,4 +264,29 @@ impl Broker {
         b.spawn().await;
         b
     }
+}
+
+/// The test config: quiet `[server]` (plus `server_extra` lines), a large queue limit, the
+/// REST API only where a test asks for it (`[admin]` in `extra_toml`), then `extra_toml`. A
+/// test's own `[mqtt]` table gets the queue limit added instead of a second table.
+fn compose(server_extra: &str, extra_toml: &str) -> String {
+    let admin = if extra_toml.contains("[admin]") {
+        ""
+    } else {
+        "[admin]\nenable = false\n\n"
+    };
+    let (mqtt, extra) = if extra_toml.contains("[mqtt]\n") {
+        (
+            "",
+            extra_toml.replacen("[mqtt]\n", "[mqtt]\nmax_queued_messages = 1000000\n", 1),
+        )
+    } else {
+        (
+            "[mqtt]\nmax_queued_messages = 1000000\n\n",
+            extra_toml.to_string(),
+        )
+    };
+    format!(
+        "[server]\nsys_interval_s = 0\nshutdown_grace_ms = 2000\n{server_extra}\n{mqtt}{admin}{extra}"
+    )
 }

@@ -143,16 +143,34 @@ impl Broker {
         let store = &self.persist.store;
         entries
             .into_iter()
-            .map(|sp| match store.read(sp.offset) {
+            .map(|sp| {
+                if let Some(m) = sp.carried.clone() {
+                    return (sp, Some(m));
+                }
+                match store.read(sp.offset) {
                 Ok(r) => {
                     let m = Arc::new(Message::from_record(&r));
                     (sp, Some(m))
                 }
                 Err(e) => {
-                    warn!(%client, offset = sp.offset, error = %e, "queued message not in the log; dropped");
-                    (sp, None)
+                    // Carried out of the log by retention?
+                    let carried = if sp.seq == 0 {
+                        Ok(None)
+                    } else {
+                        self.persist.carried_queued(client, sp.seq, sp.offset)
+                    };
+                    match carried {
+                        Ok(Some(r)) => {
+                            let m = Arc::new(crate::persist::carried_message(&r, sp.offset));
+                            (sp, Some(m))
+                        }
+                        _ => {
+                            warn!(%client, offset = sp.offset, error = %e, "queued message not in the log; dropped");
+                            (sp, None)
+                        }
+                    }
                 }
-            })
+            }})
             .collect()
     }
 
@@ -553,32 +571,19 @@ impl Broker {
         out
     }
 
-    /// Lowest log offset still referenced by a retained message or a session queue.
-    pub fn min_referenced_offset(&self) -> u64 {
-        let mut min = u64::MAX;
-        for m in self
-            .retained
+    /// Every retained message (topic, message), copied out of the table.
+    pub(crate) fn retained_snapshot(&self) -> Vec<(Arc<str>, Arc<Message>)> {
+        self.retained
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            min = min.min(m.offset);
-        }
-        let sessions: Vec<Arc<Session>> = self.sessions_lock().values().cloned().collect();
-        for s in sessions {
-            let st = s.lock();
-            for d in st
-                .queue
-                .iter()
-                .chain(st.inflight.iter().map(|i| &i.delivery))
-            {
-                min = min.min(d.msg.offset);
-            }
-            for sp in &st.spilled {
-                min = min.min(sp.offset);
-            }
-        }
-        min
+            .iter()
+            .map(|(t, m)| (t.clone(), m.clone()))
+            .collect()
+    }
+
+    /// Every session, copied out of the table.
+    pub(crate) fn sessions_snapshot(&self) -> Vec<Arc<Session>> {
+        self.sessions_lock().values().cloned().collect()
     }
 
     pub fn retained_count(&self) -> usize {
@@ -621,7 +626,16 @@ impl Broker {
         let mut out = Restored::default();
         let now = crate::message::now_us();
         // Retained messages.
-        for (topic, offset) in p.load_retained()? {
+        for (topic, offset, carried) in p.load_retained()? {
+            if let Some(r) = carried {
+                let m = crate::persist::carried_message(&r, offset);
+                self.retained
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(topic.into(), Arc::new(m));
+                out.retained += 1;
+                continue;
+            }
             match p.store.read(offset) {
                 Ok(r) => {
                     let m = Message::from_record(&r);
@@ -677,7 +691,7 @@ impl Broker {
                 .map(|(pid, seq, stage)| (seq, (pid, stage)))
                 .collect();
             let inbound = p.load_inbound(&client)?;
-            let queued_seqs: HashSet<u64> = queue.iter().map(|q| q.0).collect();
+            let queued_seqs: HashSet<u64> = queue.iter().map(|q| q.seq).collect();
             for (&seq, &(pid, _)) in &inflight {
                 if !queued_seqs.contains(&seq) {
                     // Its delivery finished just before a crash: forget the stale state.
@@ -689,7 +703,7 @@ impl Broker {
             }
             let max_seq = queue
                 .iter()
-                .map(|q| q.0)
+                .map(|q| q.seq)
                 .chain(inflight.keys().copied())
                 .max()
                 .unwrap_or(0);
@@ -704,9 +718,16 @@ impl Broker {
                         .insert(filter.clone(), Subscription { options, sub_id });
                 }
                 let (first, end) = (p.store.first_offset(), p.store.committed_offset());
-                for (seq, offset, qos, retain) in queue {
+                for row in queue {
+                    let crate::persist::QueuedRow {
+                        seq,
+                        offset,
+                        qos,
+                        retain,
+                        carried,
+                    } = row;
                     st.next_seq = st.next_seq.max(seq + 1);
-                    if offset < first || offset >= end {
+                    if carried.is_none() && (offset < first || offset >= end) {
                         warn!(%client, offset, "queued message not in the log; dropped");
                         p.submit(Op::QueueRemove {
                             client: client_id.clone(),
@@ -726,19 +747,24 @@ impl Broker {
                             cost: 0,
                             sub_ids: Box::new([]),
                             share: None,
+                            // A carried copy is read from the index when the client takes it.
+                            carried: None,
                         });
                         out.queued += 1;
                         continue;
                     };
-                    let r = match p.store.read(offset) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            warn!(%client, offset, error = %e, "queued message not in the log; dropped");
-                            continue;
-                        }
+                    let msg = match carried {
+                        Some(r) => Arc::new(crate::persist::carried_message(&r, offset)),
+                        None => match p.store.read(offset) {
+                            Ok(r) => Arc::new(Message::from_record(&r)),
+                            Err(e) => {
+                                warn!(%client, offset, error = %e, "queued message not in the log; dropped");
+                                continue;
+                            }
+                        },
                     };
                     let d = Delivery {
-                        msg: Arc::new(Message::from_record(&r)),
+                        msg,
                         qos,
                         retain,
                         sub_ids: Vec::new(),

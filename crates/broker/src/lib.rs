@@ -12,6 +12,7 @@ pub mod listener;
 pub mod lite;
 pub mod message;
 pub mod persist;
+pub mod retention;
 pub mod router;
 pub mod session;
 pub mod streams;

@@ -162,7 +162,7 @@ impl Server {
             "state restored"
         );
         crate::connection::start_restored_timers(&broker, restored);
-        spawn_retention(broker.clone());
+        crate::retention::spawn(broker.clone());
         spawn_stream_gc(broker.clone());
         let tracker = Arc::new(ConnTracker::default());
         let mut addrs = Vec::new();
@@ -243,38 +243,6 @@ impl Server {
         })
         .await;
     }
-}
-
-/// Log retention every `storage.retention_interval_s`: whole segments go once nothing
-/// references them (the index watermark, retained messages, session queues).
-fn spawn_retention(broker: Arc<Broker>) {
-    let every = Duration::from_secs(broker.config.storage.retention_interval_s);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            if broker.is_shutting_down() {
-                return;
-            }
-            let pinned = broker.min_referenced_offset();
-            let b = broker.clone();
-            let res = tokio::task::spawn_blocking(move || {
-                let watermark = b.persist.index.watermark().unwrap_or(0);
-                // Streams pin what they still index (and what they have not indexed yet).
-                let streams = b.streams.min_referenced_offset();
-                b.persist
-                    .store
-                    .apply_retention(crate::message::now_us(), pinned.min(watermark).min(streams))
-            })
-            .await;
-            match res {
-                Ok(Ok(r)) => tracing::debug!(report = ?r, "log retention"),
-                Ok(Err(e)) => warn!(error = %e, "log retention failed"),
-                Err(_) => {}
-            }
-        }
-    });
 }
 
 /// Stream retention every `streams_config.gc_interval`: expired entries, count and byte limits,

@@ -7,11 +7,16 @@
 //! |---|---|---|
 //! | `b_sessions` | client id | expiry_s u32, protocol u8, disconnected_at_us u64, will_delay_s u32 |
 //! | `b_subs` | client id, 0x00, filter | qos u8, flags u8 (no local, retain as published, retain handling), sub id u32 (0 = none) |
-//! | `b_queue` | client id, 0x00, seq u64 | offset u64, qos u8, retain u8 |
+//! | `b_queue` | client id, 0x00, seq u64 | offset u64, qos u8, retain u8, [the message: `RecordIn` encoding] |
 //! | `b_inflight` | client id, 0x00, packet id u16 | seq u64, stage u8 |
-//! | `b_retained` | topic | offset u64 |
+//! | `b_retained` | topic | offset u64, [the message: `RecordIn` encoding] |
 //! | `b_inbound` | client id, 0x00, packet id u16 | offset u64 of the PUBLISH, state u8 (1 received, 0 released) |
 //! | `b_wills` | client id | the will as a log record body (`RecordIn` encoding) |
+//!
+//! A queued or retained message whose log segment retention is about to delete is *carried*:
+//! its record is copied into its `b_queue` / `b_retained` value (see `crate::retention`), and
+//! from then on read from there. Messages are carried only when retention needs their
+//! segment, so a broker whose log holds them copies nothing.
 //!
 //! Client ids and topics never contain U+0000 (the codec rejects it), so `0x00` separates
 //! key parts. Integers are big-endian.
@@ -72,6 +77,15 @@ pub enum Op {
         offset: u64,
         qos: u8,
         retain: bool,
+        /// The message itself when its record is below the carry floor.
+        carried: Option<Box<RecordIn>>,
+    },
+    /// Keep a copy of the message of queue entry `seq` (if it still refers to `offset`).
+    QueueCarry {
+        client: Arc<str>,
+        seq: u64,
+        offset: u64,
+        record: Box<RecordIn>,
     },
     QueueRemove {
         client: Arc<str>,
@@ -90,6 +104,12 @@ pub enum Op {
     Retain {
         topic: Arc<str>,
         offset: Option<u64>,
+    },
+    /// Keep a copy of the retained message of `topic` (if it is still the one at `offset`).
+    RetainCarry {
+        topic: Arc<str>,
+        offset: u64,
+        record: Box<RecordIn>,
     },
     InboundAdd {
         client: Arc<str>,
@@ -124,6 +144,17 @@ pub enum Op {
     },
     /// Wake this notifier once everything before it is flushed.
     Wake(Arc<Notify>),
+}
+
+/// One persisted queue entry (see [`Persist::load_queue`]).
+#[derive(Debug, Clone)]
+pub struct QueuedRow {
+    pub seq: u64,
+    pub offset: u64,
+    pub qos: u8,
+    pub retain: bool,
+    /// The message, kept here once retention carried it out of the log.
+    pub carried: Option<RecordIn>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,6 +218,9 @@ pub struct Persist {
     failed: AtomicBool,
     /// First unrouted log offset of every connection (u64::MAX when none).
     lows: Mutex<Vec<Weak<AtomicU64>>>,
+    /// Records below this offset may be deleted by retention soon: what references one from
+    /// now on keeps a copy of the message (see `crate::retention`).
+    carry_floor: AtomicU64,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -290,6 +324,7 @@ impl Persist {
             flushed: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             lows: Mutex::new(Vec::new()),
+            carry_floor: AtomicU64::new(0),
             thread: Mutex::new(None),
         });
         Ok(p)
@@ -326,6 +361,16 @@ impl Persist {
         drop(q);
         self.ready.notify_one();
         ticket
+    }
+
+    /// Offsets below this are carried when referenced (see `crate::retention`).
+    pub fn carry_floor(&self) -> u64 {
+        self.carry_floor.load(Ordering::SeqCst)
+    }
+
+    /// Raise the carry floor (never lowers it).
+    pub fn raise_carry_floor(&self, to: u64) {
+        self.carry_floor.fetch_max(to, Ordering::SeqCst);
     }
 
     /// Ticket up to which every op is applied and flushed.
@@ -478,12 +523,31 @@ impl Persist {
                 offset,
                 qos,
                 retain,
+                carried,
             } => {
-                let mut v = [0u8; 10];
-                v[0..8].copy_from_slice(&offset.to_be_bytes());
-                v[8] = qos;
-                v[9] = u8::from(retain);
-                t.queue.insert(key(&client, &seq.to_be_bytes()), &v[..])?;
+                let mut v = Vec::with_capacity(10);
+                v.extend_from_slice(&offset.to_be_bytes());
+                v.push(qos);
+                v.push(u8::from(retain));
+                if let Some(r) = carried {
+                    v.extend_from_slice(&encode_record_in(&r));
+                }
+                t.queue.insert(key(&client, &seq.to_be_bytes()), v)?;
+            }
+            Op::QueueCarry {
+                client,
+                seq,
+                offset,
+                record,
+            } => {
+                let k = key(&client, &seq.to_be_bytes());
+                if let Some(old) = t.queue.get(&k)? {
+                    if old.len() == 10 && be_u64(&old) == Some(offset) {
+                        let mut v = old.to_vec();
+                        v.extend_from_slice(&encode_record_in(&record));
+                        t.queue.insert(k, v)?;
+                    }
+                }
             }
             Op::QueueRemove { client, seq } => {
                 t.queue.remove(key(&client, &seq.to_be_bytes()))?;
@@ -514,6 +578,19 @@ impl Persist {
                 offset: None,
             } => {
                 t.retained.remove(topic.as_bytes())?;
+            }
+            Op::RetainCarry {
+                topic,
+                offset,
+                record,
+            } => {
+                if let Some(old) = t.retained.get(topic.as_bytes())? {
+                    if old.len() == 8 && be_u64(&old) == Some(offset) {
+                        let mut v = old.to_vec();
+                        v.extend_from_slice(&encode_record_in(&record));
+                        t.retained.insert(topic.as_bytes(), v)?;
+                    }
+                }
             }
             Op::InboundAdd {
                 client,
@@ -590,8 +667,8 @@ impl Persist {
         Ok(out)
     }
 
-    /// Queued messages of a session: (seq, offset, qos, retain), in seq order.
-    pub fn load_queue(&self, client: &str) -> Result<Vec<(u64, u64, u8, bool)>, PersistError> {
+    /// Queued messages of a session, in seq order.
+    pub fn load_queue(&self, client: &str) -> Result<Vec<QueuedRow>, PersistError> {
         let p = prefix(client);
         let mut out = Vec::new();
         for kv in self.trees.queue.scan_prefix(&p) {
@@ -600,9 +677,43 @@ impl Persist {
             let offset = be_u64(&v).ok_or(PersistError::Corrupt("queue"))?;
             let qos = *v.get(8).ok_or(PersistError::Corrupt("queue"))?;
             let retain = v.get(9).copied().unwrap_or(0) != 0;
-            out.push((seq, offset, qos, retain));
+            let carried = match v.get(10..) {
+                Some(b) if !b.is_empty() => {
+                    Some(decode_record_in(b).ok_or(PersistError::Corrupt("queue"))?)
+                }
+                _ => None,
+            };
+            out.push(QueuedRow {
+                seq,
+                offset,
+                qos,
+                retain,
+                carried,
+            });
         }
         Ok(out)
+    }
+
+    /// The carried copy of queue entry `seq` of `client`, if it refers to `offset` and was
+    /// carried (see `crate::retention`).
+    pub fn carried_queued(
+        &self,
+        client: &str,
+        seq: u64,
+        offset: u64,
+    ) -> Result<Option<RecordIn>, PersistError> {
+        let Some(v) = self.trees.queue.get(key(client, &seq.to_be_bytes()))? else {
+            return Ok(None);
+        };
+        if be_u64(&v) != Some(offset) {
+            return Ok(None);
+        }
+        match v.get(10..) {
+            Some(b) if !b.is_empty() => Ok(Some(
+                decode_record_in(b).ok_or(PersistError::Corrupt("queue"))?,
+            )),
+            _ => Ok(None),
+        }
     }
 
     /// Inflight state of a session: (packet id, seq, stage).
@@ -650,13 +761,22 @@ impl Persist {
         Ok(out)
     }
 
-    pub fn load_retained(&self) -> Result<Vec<(String, u64)>, PersistError> {
+    /// Retained messages: topic, log offset, and the message itself once carried.
+    #[allow(clippy::type_complexity)]
+    pub fn load_retained(&self) -> Result<Vec<(String, u64, Option<RecordIn>)>, PersistError> {
         let mut out = Vec::new();
         for kv in self.trees.retained.iter() {
             let (k, v) = kv?;
             let topic =
                 String::from_utf8(k.to_vec()).map_err(|_| PersistError::Corrupt("retained"))?;
-            out.push((topic, be_u64(&v).ok_or(PersistError::Corrupt("retained"))?));
+            let offset = be_u64(&v).ok_or(PersistError::Corrupt("retained"))?;
+            let carried = match v.get(8..) {
+                Some(b) if !b.is_empty() => {
+                    Some(decode_record_in(b).ok_or(PersistError::Corrupt("retained"))?)
+                }
+                _ => None,
+            };
+            out.push((topic, offset, carried));
         }
         Ok(out)
     }
@@ -750,6 +870,22 @@ pub fn record_in(msg: &crate::message::Message, pid: Option<u16>) -> RecordIn {
             .unwrap_or_default(),
         payload: msg.payload.clone(),
     }
+}
+
+/// The message of a carried copy (`offset` is where it was in the log).
+pub fn carried_message(r: &RecordIn, offset: u64) -> crate::message::Message {
+    let rec = Record {
+        offset,
+        timestamp_us: r.timestamp_us.unwrap_or(0),
+        qos: r.qos,
+        retain: r.retain,
+        topic: r.topic.clone(),
+        client_id: r.client_id.clone(),
+        properties: r.properties.clone(),
+        index_hints: Vec::new(),
+        payload: r.payload.clone(),
+    };
+    crate::message::Message::from_record(&rec)
 }
 
 /// The inbound QoS 2 packet id stored in a record, if any.

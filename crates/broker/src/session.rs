@@ -149,10 +149,13 @@ pub struct Spilled {
     pub cost: u32,
     pub sub_ids: Box<[u32]>,
     pub share: Option<Arc<SharedOrigin>>,
+    /// The message itself, kept once log retention carried it (its record may be gone).
+    pub carried: Option<Arc<crate::message::Message>>,
 }
 
 impl Spilled {
-    fn of(d: &Delivery) -> Spilled {
+    /// A spilled entry for `d`; one whose record is below the carry `floor` keeps its message.
+    fn of(d: &Delivery, floor: u64) -> Spilled {
         Spilled {
             offset: d.msg.offset,
             seq: d.seq,
@@ -161,6 +164,7 @@ impl Spilled {
             cost: u32::try_from(d.msg.cost()).unwrap_or(u32::MAX),
             sub_ids: d.sub_ids.clone().into_boxed_slice(),
             share: d.share.clone(),
+            carried: (d.msg.offset < floor).then(|| d.msg.clone()),
         }
     }
 
@@ -360,12 +364,15 @@ impl Session {
             if st.expiry_s > 0 && d.qos != QoS::AtMostOnce && d.msg.offset != NOT_STORED {
                 d.seq = st.next_seq;
                 st.next_seq += 1;
+                let carried = (d.msg.offset < p.carry_floor())
+                    .then(|| Box::new(crate::persist::record_in(&d.msg, None)));
                 p.submit(Op::QueuePush {
                     client: self.client_id.clone(),
                     seq: d.seq,
                     offset: d.msg.offset,
                     qos: d.qos.as_u8(),
                     retain: d.retain,
+                    carried,
                 });
                 *durable = true;
             }
@@ -375,7 +382,8 @@ impl Session {
             && d.stream.is_none()
             && d.lane.is_none();
         if spillable && (!st.spilled.is_empty() || !st.has_room(cost)) {
-            st.spilled.push_back(Spilled::of(&d));
+            let floor = persist.map_or(0, Persist::carry_floor);
+            st.spilled.push_back(Spilled::of(&d, floor));
             st.limits.budget.spilled.fetch_add(1, Ordering::Relaxed);
             if st.queue.is_empty() && st.spilled.len() == 1 {
                 st.wake();

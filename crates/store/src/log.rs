@@ -733,6 +733,43 @@ impl Store {
         close_inner(&self.inner.shared, &self.inner.thread)
     }
 
+    /// The offset below which [`Store::apply_retention`] would delete the log now if nothing
+    /// pinned it: the end of the last segment the limits ask to delete, or the first offset
+    /// when they ask for nothing. Callers move what still references records below it
+    /// elsewhere before they let retention go that far.
+    pub fn retention_cut(&self, now_us: u64) -> u64 {
+        let (victims, _) = self.retention_victims(now_us, u64::MAX);
+        victims
+            .last()
+            .map_or_else(|| self.shared().first_offset(), |s| s.state().next_offset)
+    }
+
+    /// The segments the limits ask to delete, front first, stopping at the first one that
+    /// holds a record at or above `pinned_min_offset` (then `true`). Never the last segment.
+    fn retention_victims(&self, now_us: u64, pinned_min_offset: u64) -> (Vec<Arc<Segment>>, bool) {
+        let sh = self.shared();
+        let lim = sh.limits;
+        let segs = sh.segments();
+        let mut total: u64 = segs.iter().map(|s| s.bounds().1).sum();
+        let mut v = Vec::new();
+        for s in segs.iter().take(segs.len().saturating_sub(1)) {
+            let st = s.state();
+            let too_old = lim
+                .retention_max_age
+                .is_some_and(|a| st.max_ts.saturating_add(a.as_micros() as u64) < now_us);
+            let too_big = lim.retention_max_bytes.is_some_and(|m| total > m);
+            if !(too_old || too_big) {
+                break;
+            }
+            if st.next_offset > pinned_min_offset {
+                return (v, true);
+            }
+            total -= st.len;
+            v.push(s.clone());
+        }
+        (v, false)
+    }
+
     /// Deletes whole segments from the front of the log while the retention limits
     /// (`retention_max_age`, `retention_max_bytes`) ask for it and every record in the
     /// segment is below `pinned_min_offset` (the lowest offset anything still references:
@@ -745,30 +782,9 @@ impl Store {
     ) -> Result<RetentionReport, StoreError> {
         let sh = self.shared();
         let _one = lock(&sh.retention);
-        let lim = sh.limits;
         let mut report = RetentionReport::default();
-        let victims: Vec<Arc<Segment>> = {
-            let segs = sh.segments();
-            let mut total: u64 = segs.iter().map(|s| s.bounds().1).sum();
-            let mut v = Vec::new();
-            for s in segs.iter().take(segs.len().saturating_sub(1)) {
-                let st = s.state();
-                let too_old = lim
-                    .retention_max_age
-                    .is_some_and(|a| st.max_ts.saturating_add(a.as_micros() as u64) < now_us);
-                let too_big = lim.retention_max_bytes.is_some_and(|m| total > m);
-                if !(too_old || too_big) {
-                    break;
-                }
-                if st.next_offset > pinned_min_offset {
-                    report.blocked_by_pin = true;
-                    break;
-                }
-                total -= st.len;
-                v.push(s.clone());
-            }
-            v
-        };
+        let (victims, blocked) = self.retention_victims(now_us, pinned_min_offset);
+        report.blocked_by_pin = blocked;
         for s in victims {
             let st = s.state();
             sh.fs
