@@ -43,9 +43,32 @@ impl Conn {
         read_chunk: usize,
         expiry_s: u32,
     ) -> anyhow::Result<Conn> {
+        Self::open_session(
+            addr, version, client_id, keepalive, read_chunk, expiry_s, true,
+        )
+        .await
+    }
+
+    /// [`Conn::open_with_expiry`]; `clean_start` false resumes an existing session.
+    pub async fn open_session(
+        addr: &str,
+        version: Version,
+        client_id: &str,
+        keepalive: u16,
+        read_chunk: usize,
+        expiry_s: u32,
+        clean_start: bool,
+    ) -> anyhow::Result<Conn> {
         tokio::time::timeout(
             HANDSHAKE_TIMEOUT,
-            Self::open_inner(addr, version, client_id, keepalive, read_chunk, expiry_s),
+            Self::open_inner(
+                addr,
+                version,
+                client_id,
+                keepalive,
+                read_chunk,
+                (expiry_s, clean_start),
+            ),
         )
         .await
         .with_context(|| format!("{client_id}: connect timed out"))?
@@ -57,7 +80,7 @@ impl Conn {
         client_id: &str,
         keepalive: u16,
         read_chunk: usize,
-        expiry_s: u32,
+        (expiry_s, clean_start): (u32, bool),
     ) -> anyhow::Result<Conn> {
         let stream = TcpStream::connect(addr)
             .await
@@ -73,7 +96,14 @@ impl Conn {
             read_chunk,
         };
         let mut out = BytesMut::new();
-        mqtt::connect_with_expiry(&mut out, version, client_id, keepalive, expiry_s);
+        mqtt::connect_session(
+            &mut out,
+            version,
+            client_id,
+            keepalive,
+            expiry_s,
+            clean_start,
+        );
         c.wr.write_all(&out).await?;
         match c.next_frame().await? {
             Frame::ConnAck {

@@ -23,6 +23,7 @@ mod idle;
 pub mod lanes;
 pub mod load;
 pub mod mqtt;
+mod offline;
 mod replay;
 pub mod rss;
 
@@ -32,6 +33,7 @@ use mqtt::{PublishTemplate, Version};
 
 pub use idle::IdleReport;
 pub use lanes::LanesReport;
+pub use offline::OfflineReport;
 pub use replay::ReplayReport;
 
 /// How publishers and subscribers are wired to topics.
@@ -92,6 +94,12 @@ pub struct BenchOpts {
     /// report broker RSS before/after and per connection.
     #[arg(long, default_value_t = 0)]
     pub idle_connections: usize,
+    /// Offline-sessions mode: this many persistent sessions subscribe one topic at QoS 1 and
+    /// disconnect, one publisher sends --count (default 200) QoS 1 messages of --payload
+    /// bytes to it, then every session reconnects and takes its queue; reports the publish
+    /// time, broker RSS per queued message (with --broker-pid) and the drain time.
+    #[arg(long, default_value_t = 0)]
+    pub offline_sessions: usize,
     /// Warm-up seconds before measuring (messages sent during warm-up are not counted).
     #[arg(long, default_value_t = 0.0)]
     pub warmup: f64,
@@ -213,7 +221,7 @@ impl BenchOpts {
         {
             bail!("--warmup and --drain must be >= 0");
         }
-        if self.idle_connections == 0 {
+        if self.idle_connections == 0 && self.offline_sessions == 0 {
             if self.publishers == 0 {
                 bail!("--publishers must be >= 1");
             }
@@ -274,6 +282,7 @@ pub struct BenchReport {
     pub broker_rss_max_kb: Option<u64>,
     pub idle: Option<IdleReport>,
     pub replay: Option<ReplayReport>,
+    pub offline: Option<OfflineReport>,
     pub lanes: Option<LanesReport>,
     pub timed_out: bool,
     pub errors: Vec<String>,
@@ -303,6 +312,7 @@ impl BenchReport {
             broker_rss_max_kb: None,
             idle: None,
             replay: None,
+            offline: None,
             lanes: None,
             timed_out: false,
             errors: Vec::new(),
@@ -357,6 +367,26 @@ impl fmt::Display for BenchReport {
                 kb(r.rss_before_kb),
                 kb(self.broker_rss_max_kb),
                 kb(r.rss_growth_kb)
+            )?;
+        } else if let Some(r) = &self.offline {
+            let kb = |v: Option<u64>| v.map_or("n/a".to_string(), |v| format!("{v} KiB"));
+            writeln!(
+                f,
+                "offline sessions: {} sessions set up in {:.2}s; {} QoS 1 publishes ({} queued) in {:.2}s",
+                r.sessions, r.setup_secs, r.messages, r.queued_expected, r.publish_secs
+            )?;
+            writeln!(
+                f,
+                "broker RSS before {}, after {}; per queued message {}",
+                kb(r.rss_before_kb),
+                kb(r.rss_after_kb),
+                r.rss_per_queued_bytes
+                    .map_or("n/a".to_string(), |b| format!("{b:.1} bytes"))
+            )?;
+            writeln!(
+                f,
+                "drained {} of {} in {:.2}s after reconnect",
+                r.drained, r.queued_expected, r.drain_secs
             )?;
         } else if let Some(idle) = &self.idle {
             writeln!(
@@ -435,6 +465,8 @@ pub async fn run(opts: BenchOpts) -> anyhow::Result<BenchReport> {
         replay::run(&opts, s).await?
     } else if opts.idle_connections > 0 {
         idle::run(&opts).await?
+    } else if opts.offline_sessions > 0 {
+        offline::run(&opts).await?
     } else {
         run_load(&opts).await?
     };

@@ -76,6 +76,19 @@ pub fn connect_with_expiry(
     keepalive: u16,
     expiry_s: u32,
 ) {
+    connect_session(buf, v, client_id, keepalive, expiry_s, true);
+}
+
+/// CONNECT with a Session Expiry Interval; `clean_start` false resumes the session (MQTT 5;
+/// for 3.1.1 clean session is 0 whenever `expiry_s` > 0).
+pub fn connect_session(
+    buf: &mut BytesMut,
+    v: Version,
+    client_id: &str,
+    keepalive: u16,
+    expiry_s: u32,
+    clean_start: bool,
+) {
     let props = match (v.is_v5(), expiry_s) {
         (false, _) => 0,
         (true, 0) => 1,
@@ -87,7 +100,11 @@ pub fn connect_with_expiry(
     put_str(buf, b"MQTT");
     buf.put_u8(if v.is_v5() { 5 } else { 4 });
     // Clean start; 3.1.1 has no expiry: a persistent session is clean session 0.
-    let clean = if !v.is_v5() && expiry_s > 0 { 0 } else { 0x02 };
+    let clean = if (!v.is_v5() && expiry_s > 0) || !clean_start {
+        0
+    } else {
+        0x02
+    };
     buf.put_u8(clean);
     buf.put_u16(keepalive);
     if v.is_v5() {

@@ -144,7 +144,7 @@ impl Broker {
         entries
             .into_iter()
             .map(|sp| {
-                if let Some(m) = sp.carried.clone() {
+                if let Some(m) = sp.carried().cloned() {
                     return (sp, Some(m));
                 }
                 match store.read(sp.offset) {
@@ -285,7 +285,10 @@ impl Broker {
             (subs, st.drain_pending())
         };
         let (mut pending, spilled) = pending;
-        let shared: Vec<Spilled> = spilled.into_iter().filter(|s| s.share.is_some()).collect();
+        let shared: Vec<Spilled> = spilled
+            .into_iter()
+            .filter(|s| s.share().is_some())
+            .collect();
         if !shared.is_empty() {
             for (sp, m) in self.read_spilled(&session.client_id, shared) {
                 if let Some(m) = m {
@@ -739,17 +742,8 @@ impl Broker {
                     let qos = QoS::from_u8(qos).unwrap_or(QoS::AtLeastOnce);
                     let Some(&(pid, stage)) = inflight.get(&seq) else {
                         // Not sent yet: a log position, read when the client takes it.
-                        st.spilled.push_back(Spilled {
-                            offset,
-                            seq,
-                            qos,
-                            retain,
-                            cost: 0,
-                            sub_ids: Box::new([]),
-                            share: None,
-                            // A carried copy is read from the index when the client takes it.
-                            carried: None,
-                        });
+                        st.spilled
+                            .push_back(Spilled::restored(offset, seq, qos, retain));
                         out.queued += 1;
                         continue;
                     };

@@ -735,7 +735,6 @@ impl Conn {
     /// Move deliveries from the session queue into the write buffer, within the inflight
     /// window and the write high-water mark. Returns a kick if the connection must end.
     fn drain(&mut self) -> Option<Kick> {
-        let now = Instant::now();
         let session = self.session.clone();
         let mut st = session.lock();
         if st.ended || st.generation != self.generation {
@@ -749,6 +748,8 @@ impl Conn {
             self.refill();
             st = session.lock();
         }
+        // After the refill: a message read back from the log that has expired is due now.
+        let now = Instant::now();
         let mut sent = 0u64;
         let mut dropped = 0u64;
         while self.wbuf.len() < WRITE_HIGH_WATER_BYTES {

@@ -7,22 +7,30 @@
 //! |---|---|---|
 //! | `b_sessions` | client id | expiry_s u32, protocol u8, disconnected_at_us u64, will_delay_s u32 |
 //! | `b_subs` | client id, 0x00, filter | qos u8, flags u8 (no local, retain as published, retain handling), sub id u32 (0 = none) |
-//! | `b_queue` | client id, 0x00, seq u64 | offset u64, qos u8, retain u8, [the message: `RecordIn` encoding] |
+//! | `b_carried` | client id, 0x00, seq u64 | offset u64, the message (`RecordIn` encoding) of a carried queue entry |
 //! | `b_inflight` | client id, 0x00, packet id u16 | seq u64, stage u8 |
 //! | `b_retained` | topic | offset u64, [the message: `RecordIn` encoding] |
 //! | `b_inbound` | client id, 0x00, packet id u16 | offset u64 of the PUBLISH, state u8 (1 received, 0 released) |
 //! | `b_wills` | client id | the will as a log record body (`RecordIn` encoding) |
 //!
+//! Session queues are not in sled: queue entries (client, seq → offset, QoS, retain) are
+//! records of the queue journal ([`crate::queue_journal`], `<data_dir>/queues/`), written
+//! sequentially, nothing per message in memory here. (`b_queue`, the old one-entry-per-message
+//! tree, is moved into the journal once at open.)
+//!
 //! A queued or retained message whose log segment retention is about to delete is *carried*:
-//! its record is copied into its `b_queue` / `b_retained` value (see `crate::retention`), and
+//! its record is copied into `b_carried` / its `b_retained` value (see `crate::retention`), and
 //! from then on read from there. Messages are carried only when retention needs their
-//! segment, so a broker whose log holds them copies nothing.
+//! segment, so a broker whose log holds them copies nothing. A `b_carried` entry whose queue
+//! entry is gone is removed at the next start.
 //!
 //! Client ids and topics never contain U+0000 (the codec rejects it), so `0x00` separates
 //! key parts. Integers are big-endian.
 //!
 //! Ops are applied by one index thread in submission order and flushed in batches (group
-//! commit for sled). A caller that must not act before its op is durable (an outbound QoS 2
+//! commit for sled). In each batch the queue journal's records are written (and fsynced
+//! under `fsync = "always"`) before the batch's sled changes, so a `b_routed` marker or a
+//! watermark is never durable before the queue entries it stands for. A caller that must not act before its op is durable (an outbound QoS 2
 //! PUBLISH or PUBREL, a PUBCOMP, a SUBACK of a persistent session) takes the op's ticket and
 //! waits until [`Persist::flushed`] reaches it.
 //!
@@ -32,12 +40,13 @@
 //! unflushed tail loses nothing that was acknowledged.
 
 use crate::config::{FsyncMode, StorageConfig};
+use crate::queue_journal::{QueueJournal, Queues};
 use bytes::Bytes;
 use lanemq_protocol::{PublishProperties, QoS};
 use lanemq_store::{
     Index, IndexHint, Properties, Record, RecordIn, Store, StoreError, StoreOptions,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -146,6 +155,63 @@ pub enum Op {
     Wake(Arc<Notify>),
 }
 
+/// Move the entries of the old `b_queue` tree (one sled entry per queued message) into the
+/// journal, once: journal first (committed, fsynced), then the tree is cleared. A crash in
+/// between only writes the same entries again.
+fn migrate_sled_queue(
+    t: &Trees,
+    j: &mut QueueJournal,
+    queues: &mut Queues,
+) -> Result<(), PersistError> {
+    if t.queue.is_empty() {
+        return Ok(());
+    }
+    let mut moved = 0u64;
+    for kv in t.queue.iter() {
+        let (k, v) = kv?;
+        let Some(cut) = k.iter().position(|&b| b == 0) else {
+            continue;
+        };
+        let client =
+            String::from_utf8(k[..cut].to_vec()).map_err(|_| PersistError::Corrupt("queue"))?;
+        let seq = be_u64(&k[cut + 1..]).ok_or(PersistError::Corrupt("queue"))?;
+        let offset = be_u64(&v).ok_or(PersistError::Corrupt("queue"))?;
+        let qos = *v.get(8).ok_or(PersistError::Corrupt("queue"))?;
+        let retain = v.get(9).copied().unwrap_or(0) != 0;
+        if let Some(b) = v.get(10..).filter(|b| !b.is_empty()) {
+            let mut c = offset.to_be_bytes().to_vec();
+            c.extend_from_slice(b);
+            t.carried.insert(&k[..], c)?;
+        }
+        let arc: Arc<str> = client.as_str().into();
+        j.push(&arc, seq, offset, qos, retain)
+            .map_err(PersistError::Journal)?;
+        let q = queues.entry(client).or_default();
+        if !q.iter().any(|e| e.seq == seq) {
+            q.push(crate::queue_journal::JournalEntry {
+                seq,
+                offset,
+                qos,
+                retain,
+            });
+        }
+        moved += 1;
+    }
+    for q in queues.values_mut() {
+        q.sort_by_key(|e| e.seq);
+    }
+    j.commit().map_err(PersistError::Journal)?;
+    j.compact().map_err(PersistError::Journal)?;
+    t.carried.flush()?;
+    t.queue.clear()?;
+    t.queue.flush()?;
+    info!(
+        entries = moved,
+        "session queues moved from sled into the queue journal"
+    );
+    Ok(())
+}
+
 /// One persisted queue entry (see [`Persist::load_queue`]).
 #[derive(Debug, Clone)]
 pub struct QueuedRow {
@@ -189,6 +255,7 @@ impl SessionMeta {
 }
 
 struct Trees {
+    carried: sled::Tree,
     sessions: sled::Tree,
     subs: sled::Tree,
     queue: sled::Tree,
@@ -218,6 +285,13 @@ pub struct Persist {
     failed: AtomicBool,
     /// First unrouted log offset of every connection (u64::MAX when none).
     lows: Mutex<Vec<Weak<AtomicU64>>>,
+    /// Persisted session queues (used by the index thread; the lock is uncontended).
+    journal: Mutex<QueueJournal>,
+    /// Live queue entries found at open, taken by [`Persist::load_queue`] during restore.
+    queues_at_open: Mutex<Queues>,
+    /// `b_carried` keys (only written by the index thread): a removal needs a sled write
+    /// only for these.
+    carried_keys: Mutex<std::collections::HashSet<Vec<u8>>>,
     /// Records below this offset may be deleted by retention soon: what references one from
     /// now on keeps a copy of the message (see `crate::retention`).
     carry_floor: AtomicU64,
@@ -253,6 +327,8 @@ pub enum PersistError {
     Sled(#[from] sled::Error),
     #[error("index: corrupt entry in {0}")]
     Corrupt(&'static str),
+    #[error("session queue journal: {0}")]
+    Journal(std::io::Error),
 }
 
 impl Persist {
@@ -300,6 +376,7 @@ impl Persist {
         let index = Index::open_with_cache(&data_dir.join("index"), cfg.index_cache_bytes)?;
         let t = |name: &str| index.tree(name);
         let trees = Trees {
+            carried: t("b_carried")?,
             sessions: t("b_sessions")?,
             subs: t("b_subs")?,
             queue: t("b_queue")?,
@@ -310,10 +387,23 @@ impl Persist {
             routed: t("b_routed")?,
             stream_subs: t("b_stream_subs")?,
         };
+        let (mut journal, mut queues) = QueueJournal::open(
+            &data_dir.join("queues"),
+            matches!(cfg.fsync, FsyncMode::Always),
+        )
+        .map_err(PersistError::Journal)?;
+        migrate_sled_queue(&trees, &mut journal, &mut queues)?;
+        let mut carried_keys = std::collections::HashSet::new();
+        for k in trees.carried.iter().keys() {
+            carried_keys.insert(k?.to_vec());
+        }
         let p = Arc::new(Persist {
             store,
             index,
             trees,
+            journal: Mutex::new(journal),
+            queues_at_open: Mutex::new(queues),
+            carried_keys: Mutex::new(carried_keys),
             queue: Mutex::new(OpQueue {
                 ops: VecDeque::new(),
                 submitted: 0,
@@ -437,7 +527,8 @@ impl Persist {
             };
             self.space.notify_all();
             let mut wakes = Vec::new();
-            let mut result: Result<(), PersistError> = Ok(());
+            // Queue journal first (see the module doc).
+            let mut result = self.apply_journal(batch.iter());
             for op in batch {
                 if let Op::Wake(n) = op {
                     wakes.push(n);
@@ -491,6 +582,40 @@ impl Persist {
         Ok(self.trees.routed.contains_key(offset.to_be_bytes())?)
     }
 
+    /// Write the batch's queue journal records and commit them (see the module doc).
+    fn apply_journal<'a>(&self, batch: impl Iterator<Item = &'a Op>) -> Result<(), PersistError> {
+        let mut j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
+        for op in batch {
+            match op {
+                Op::QueuePush {
+                    client,
+                    seq,
+                    offset,
+                    qos,
+                    retain,
+                    ..
+                } => j.push(client, *seq, *offset, *qos, *retain),
+                Op::QueueRemove { client, seq } => j.remove(client, *seq),
+                Op::SessionRemove { client } => j.drop_session(client),
+                _ => Ok(()),
+            }
+            .map_err(PersistError::Journal)?;
+        }
+        j.commit().map_err(PersistError::Journal)?;
+        if let Err(e) = j.maybe_compact() {
+            return Err(PersistError::Journal(e));
+        }
+        Ok(())
+    }
+
+    /// Forget the `b_carried` keys under a client prefix (the sled entries go with it).
+    fn forget_carried(&self, prefix: &[u8]) {
+        self.carried_keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k| !k.starts_with(prefix));
+    }
+
     fn apply(&self, op: Op) -> Result<(), PersistError> {
         let t = &self.trees;
         match op {
@@ -501,7 +626,8 @@ impl Persist {
                 t.sessions.remove(client.as_bytes())?;
                 t.wills.remove(client.as_bytes())?;
                 let p = prefix(&client);
-                for tree in [&t.subs, &t.queue, &t.inflight, &t.inbound, &t.stream_subs] {
+                self.forget_carried(&p);
+                for tree in [&t.subs, &t.carried, &t.inflight, &t.inbound, &t.stream_subs] {
                     for k in tree.scan_prefix(&p).keys() {
                         tree.remove(k?)?;
                     }
@@ -517,40 +643,41 @@ impl Persist {
             Op::SubRemove { client, filter } => {
                 t.subs.remove(key(&client, filter.as_bytes()))?;
             }
+            // The queue entry itself is in the journal (`apply_journal`).
             Op::QueuePush {
                 client,
                 seq,
                 offset,
-                qos,
-                retain,
-                carried,
-            } => {
-                let mut v = Vec::with_capacity(10);
-                v.extend_from_slice(&offset.to_be_bytes());
-                v.push(qos);
-                v.push(u8::from(retain));
-                if let Some(r) = carried {
-                    v.extend_from_slice(&encode_record_in(&r));
-                }
-                t.queue.insert(key(&client, &seq.to_be_bytes()), v)?;
+                carried: Some(record),
+                ..
             }
-            Op::QueueCarry {
+            | Op::QueueCarry {
                 client,
                 seq,
                 offset,
                 record,
             } => {
                 let k = key(&client, &seq.to_be_bytes());
-                if let Some(old) = t.queue.get(&k)? {
-                    if old.len() == 10 && be_u64(&old) == Some(offset) {
-                        let mut v = old.to_vec();
-                        v.extend_from_slice(&encode_record_in(&record));
-                        t.queue.insert(k, v)?;
-                    }
-                }
+                let mut v = Vec::with_capacity(8 + record.payload.len() + 64);
+                v.extend_from_slice(&offset.to_be_bytes());
+                v.extend_from_slice(&encode_record_in(&record));
+                t.carried.insert(&k[..], v)?;
+                self.carried_keys
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(k);
             }
+            Op::QueuePush { carried: None, .. } => {}
             Op::QueueRemove { client, seq } => {
-                t.queue.remove(key(&client, &seq.to_be_bytes()))?;
+                let k = key(&client, &seq.to_be_bytes());
+                let had = self
+                    .carried_keys
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&k);
+                if had {
+                    t.carried.remove(k)?;
+                }
             }
             Op::InflightPut {
                 client,
@@ -667,29 +794,50 @@ impl Persist {
         Ok(out)
     }
 
-    /// Queued messages of a session, in seq order.
+    /// Queued messages of a session, in seq order (taken from what the journal held at
+    /// open: call once per session, during restore). Carried copies that no longer belong
+    /// to an entry are removed.
     pub fn load_queue(&self, client: &str) -> Result<Vec<QueuedRow>, PersistError> {
+        let entries = self
+            .queues_at_open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(client)
+            .unwrap_or_default();
         let p = prefix(client);
-        let mut out = Vec::new();
-        for kv in self.trees.queue.scan_prefix(&p) {
+        let mut carried: HashMap<u64, (u64, RecordIn)> = HashMap::new();
+        for kv in self.trees.carried.scan_prefix(&p) {
             let (k, v) = kv?;
-            let seq = be_u64(&k[p.len()..]).ok_or(PersistError::Corrupt("queue"))?;
-            let offset = be_u64(&v).ok_or(PersistError::Corrupt("queue"))?;
-            let qos = *v.get(8).ok_or(PersistError::Corrupt("queue"))?;
-            let retain = v.get(9).copied().unwrap_or(0) != 0;
-            let carried = match v.get(10..) {
-                Some(b) if !b.is_empty() => {
-                    Some(decode_record_in(b).ok_or(PersistError::Corrupt("queue"))?)
+            let seq = be_u64(&k[p.len()..]).ok_or(PersistError::Corrupt("carried"))?;
+            let offset = be_u64(&v).ok_or(PersistError::Corrupt("carried"))?;
+            let r = decode_record_in(&v[8..]).ok_or(PersistError::Corrupt("carried"))?;
+            carried.insert(seq, (offset, r));
+        }
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            let c = match carried.remove(&e.seq) {
+                Some((o, r)) if o == e.offset => Some(r),
+                Some(_) => {
+                    carried.insert(e.seq, (u64::MAX, RecordIn::default()));
+                    None
                 }
-                _ => None,
+                None => None,
             };
             out.push(QueuedRow {
-                seq,
-                offset,
-                qos,
-                retain,
-                carried,
+                seq: e.seq,
+                offset: e.offset,
+                qos: e.qos,
+                retain: e.retain,
+                carried: c,
             });
+        }
+        for seq in carried.keys() {
+            let k = key(client, &seq.to_be_bytes());
+            self.trees.carried.remove(&k[..])?;
+            self.carried_keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&k);
         }
         Ok(out)
     }
@@ -702,18 +850,15 @@ impl Persist {
         seq: u64,
         offset: u64,
     ) -> Result<Option<RecordIn>, PersistError> {
-        let Some(v) = self.trees.queue.get(key(client, &seq.to_be_bytes()))? else {
+        let Some(v) = self.trees.carried.get(key(client, &seq.to_be_bytes()))? else {
             return Ok(None);
         };
         if be_u64(&v) != Some(offset) {
             return Ok(None);
         }
-        match v.get(10..) {
-            Some(b) if !b.is_empty() => Ok(Some(
-                decode_record_in(b).ok_or(PersistError::Corrupt("queue"))?,
-            )),
-            _ => Ok(None),
-        }
+        Ok(Some(
+            decode_record_in(&v[8..]).ok_or(PersistError::Corrupt("carried"))?,
+        ))
     }
 
     /// Inflight state of a session: (packet id, seq, stage).
@@ -795,9 +940,11 @@ impl Persist {
 
     /// Sessions that must be deleted at start (expired while the broker was down).
     pub fn remove_session_now(&self, client: &str) -> Result<(), PersistError> {
-        self.apply(Op::SessionRemove {
+        let op = Op::SessionRemove {
             client: client.into(),
-        })
+        };
+        self.apply_journal(std::iter::once(&op))?;
+        self.apply(op)
     }
 }
 
@@ -1027,6 +1174,65 @@ fn decode_record_in(v: &[u8]) -> Option<RecordIn> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Queue entries of the old one-sled-entry-per-message tree move into the journal once;
+    /// carried copies and removals then survive a reopen.
+    #[test]
+    fn sled_queue_moves_into_the_journal() {
+        let dir = std::env::temp_dir().join(format!("lanemq-persist-mig-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = StorageConfig::default();
+        {
+            let p = Persist::open(&dir, &cfg).unwrap();
+            for seq in 1..=3u64 {
+                let mut v = (100 + seq).to_be_bytes().to_vec();
+                v.extend_from_slice(&[1, u8::from(seq == 2)]);
+                p.trees
+                    .queue
+                    .insert(key("c1", &seq.to_be_bytes()), v)
+                    .unwrap();
+            }
+            p.index.flush().unwrap();
+            p.store.close().unwrap();
+        }
+        {
+            let p = Persist::open(&dir, &cfg).unwrap();
+            assert!(p.trees.queue.is_empty());
+            let q = p.load_queue("c1").unwrap();
+            let got: Vec<(u64, u64, bool)> =
+                q.iter().map(|r| (r.seq, r.offset, r.retain)).collect();
+            assert_eq!(got, vec![(1, 101, false), (2, 102, true), (3, 103, false)]);
+            // Remove one, carry one, through the index thread.
+            p.start();
+            let c: Arc<str> = "c1".into();
+            p.submit(Op::QueueRemove {
+                client: c.clone(),
+                seq: 1,
+            });
+            p.submit(Op::QueueCarry {
+                client: c.clone(),
+                seq: 3,
+                offset: 103,
+                record: Box::new(RecordIn {
+                    topic: "t".into(),
+                    payload: Bytes::from_static(b"kept"),
+                    ..Default::default()
+                }),
+            });
+            p.close();
+        }
+        let p = Persist::open(&dir, &cfg).unwrap();
+        let q = p.load_queue("c1").unwrap();
+        assert_eq!(q.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![2, 3]);
+        assert!(q[0].carried.is_none());
+        assert_eq!(
+            q[1].carried.as_ref().unwrap().payload,
+            Bytes::from_static(b"kept")
+        );
+        assert!(p.carried_queued("c1", 3, 103).unwrap().is_some());
+        p.store.close().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn will_record_round_trip() {

@@ -154,9 +154,9 @@ fn carry_session(
             }
         }
         st.spilled
-            .iter()
-            .filter(|sp| sp.carried.is_none() && inside(sp.offset))
-            .map(|sp| (sp.seq, sp.offset))
+            .keys()
+            .filter(|&(offset, _, carried)| !carried && inside(offset))
+            .map(|(offset, seq, _)| (seq, offset))
             .collect()
     };
     if to_read.is_empty() {
@@ -192,14 +192,9 @@ fn carry_session(
         return;
     }
     let mut st = s.lock();
-    for sp in st.spilled.iter_mut() {
-        if sp.seq == 0 && sp.carried.is_none() {
-            if let Some(m) = keep.get(&sp.offset) {
-                report.in_memory += 1;
-                sp.carried = Some(m.clone());
-            }
-        }
-    }
+    report.in_memory += st
+        .spilled
+        .carry_unpersisted(|offset| keep.get(&offset).cloned());
 }
 
 /// Run [`Retention::run_once`] every `storage.retention_interval_s`.

@@ -7,7 +7,7 @@
 //!
 //! The queue has two parts, sent in this order: `queue`, deliveries in memory (each holds its
 //! message by `Arc`), then `spilled`, deliveries of stored QoS 1/2 messages kept only as log
-//! positions. A QoS 1/2 delivery is spilled when the session's in-memory bytes
+//! positions. A QoS 1/2 delivery is spilled when the session is not connected, when its in-memory bytes
 //! (`outbound_buffer_bytes_max`) or the broker-wide ones (`queued_bytes_max_total`) are used
 //! up, and always once something is spilled (order). The owning connection moves spilled
 //! entries back into memory, reading the log, as the client takes them.
@@ -22,8 +22,9 @@
 //! - publishers never wait for a session: a full queue applies [`QueueOverflow`].
 
 pub use crate::config::QueueOverflow;
-use crate::message::{Delivery, SharedOrigin, NOT_STORED};
+use crate::message::{Delivery, NOT_STORED};
 use crate::persist::{Op, Persist};
+pub use crate::spill::{SpillQueue, Spilled, SpilledExtra};
 use crate::streams::StreamSub;
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -137,52 +138,6 @@ impl QueueLimits {
     }
 }
 
-/// A queued QoS 1/2 delivery kept as a log position (its message is read back when sent).
-#[derive(Debug, Clone)]
-pub struct Spilled {
-    pub offset: u64,
-    /// Position in the session's persisted queue (0: not persisted).
-    pub seq: u64,
-    pub qos: QoS,
-    pub retain: bool,
-    /// [`crate::message::Message::cost`] of its message (0 when not known: restored).
-    pub cost: u32,
-    pub sub_ids: Box<[u32]>,
-    pub share: Option<Arc<SharedOrigin>>,
-    /// The message itself, kept once log retention carried it (its record may be gone).
-    pub carried: Option<Arc<crate::message::Message>>,
-}
-
-impl Spilled {
-    /// A spilled entry for `d`; one whose record is below the carry `floor` keeps its message.
-    fn of(d: &Delivery, floor: u64) -> Spilled {
-        Spilled {
-            offset: d.msg.offset,
-            seq: d.seq,
-            qos: d.qos,
-            retain: d.retain,
-            cost: u32::try_from(d.msg.cost()).unwrap_or(u32::MAX),
-            sub_ids: d.sub_ids.clone().into_boxed_slice(),
-            share: d.share.clone(),
-            carried: (d.msg.offset < floor).then(|| d.msg.clone()),
-        }
-    }
-
-    /// The delivery again, with its message as read from the log.
-    pub fn into_delivery(self, msg: Arc<crate::message::Message>) -> Delivery {
-        Delivery {
-            msg,
-            qos: self.qos,
-            retain: self.retain,
-            sub_ids: self.sub_ids.into_vec(),
-            share: self.share,
-            seq: self.seq,
-            stream: None,
-            lane: None,
-        }
-    }
-}
-
 #[derive(Debug)]
 pub struct SessionState {
     /// Generation of the connection that owns the session; bumped on every (re)connect.
@@ -199,7 +154,7 @@ pub struct SessionState {
     /// Deliveries in memory, sent first.
     pub queue: VecDeque<Delivery>,
     /// QoS 1/2 deliveries kept as log positions, sent after `queue`.
-    pub spilled: VecDeque<Spilled>,
+    pub spilled: SpillQueue,
     /// Cost of `queue` (see [`crate::message::Message::cost`]).
     queued_bytes: usize,
     pub inflight: VecDeque<Inflight>,
@@ -260,7 +215,7 @@ impl Session {
                 expiry_s: 0,
                 subscriptions: HashMap::new(),
                 queue: VecDeque::new(),
-                spilled: VecDeque::new(),
+                spilled: SpillQueue::default(),
                 queued_bytes: 0,
                 inflight: VecDeque::new(),
                 pids_in_use: HashSet::new(),
@@ -381,7 +336,9 @@ impl Session {
             && d.msg.offset != NOT_STORED
             && d.stream.is_none()
             && d.lane.is_none();
-        if spillable && (!st.spilled.is_empty() || !st.has_room(cost)) {
+        // A session that is away holds positions only (32 bytes a message, nothing of the
+        // message itself): it may stay away long, and many sessions may be away at once.
+        if spillable && (!st.connected || !st.spilled.is_empty() || !st.has_room(cost)) {
             let floor = persist.map_or(0, Persist::carry_floor);
             st.spilled.push_back(Spilled::of(&d, floor));
             st.limits.budget.spilled.fetch_add(1, Ordering::Relaxed);
@@ -575,10 +532,7 @@ impl SessionState {
     ) -> Vec<Spilled> {
         let mut lost = Vec::new();
         for (sp, msg) in read {
-            let front = self
-                .spilled
-                .front()
-                .is_some_and(|f| f.offset == sp.offset && f.seq == sp.seq);
+            let front = self.spilled.front_key() == Some((sp.offset, sp.seq));
             if !front {
                 continue;
             }
@@ -661,7 +615,7 @@ impl SessionState {
         let n = self.queued_bytes;
         self.sub_bytes(n);
         self.pids_in_use.clear();
-        let spilled = self.spilled.drain(..).collect();
+        let spilled = self.spilled.take_all();
         (out, spilled)
     }
 }
