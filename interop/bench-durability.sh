@@ -9,10 +9,14 @@
 #      session, then RETENTION_MB of QoS 1 traffic with retention_max_bytes = 50 MiB: the
 #      log's size (peak and settled) against the limit + one segment, and all of them still
 #      delivered afterwards
+#   5. offline sessions: OFFLINE_SESSIONS persistent sessions subscribe one topic and go away,
+#      200 QoS 1 publishes of 64 B to it, then they come back and drain; publish time, broker
+#      RSS per queued message, drain time; side by side with mosquitto (in memory), ROUNDS
+#      alternating rounds
 # Every load is bounded (duration or count); traffic on 127.0.0.1 only.
 #
 # Environment: DURATION=5  RECORDS=10000000  AMP_MESSAGES=200000  RETENTION_MB=300  SKIP_BUILD=1
-#              SECTIONS="policy restart amp retention"
+#              OFFLINE_SESSIONS=5000  ROUNDS=3  SECTIONS="policy restart amp retention offline"
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -20,7 +24,9 @@ DURATION=${DURATION:-5}
 RECORDS=${RECORDS:-10000000}
 AMP_MESSAGES=${AMP_MESSAGES:-200000}
 RETENTION_MB=${RETENTION_MB:-300}
-SECTIONS=${SECTIONS:-"policy restart amp retention"}
+OFFLINE_SESSIONS=${OFFLINE_SESSIONS:-5000}
+ROUNDS=${ROUNDS:-3}
+SECTIONS=${SECTIONS:-"policy restart amp retention offline"}
 BIN=target/release/lanemq
 BENCH=target/release/lanemq-bench
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release -p lanemq -p lanemq-bench >&2
@@ -158,4 +164,31 @@ CFG
   echo "after: retained=$r last_value=$lv queued_delivered=$q/200"
   grep "carried" "$TMP/broker.log" | tail -1 | sed 's/\x1b\[[0-9;]*m//g'
   stop
+fi
+
+if [[ " $SECTIONS " == *" offline "* ]]; then
+  echo "== offline sessions: $OFFLINE_SESSIONS sessions x 200 QoS 1 publishes of 64 B, $ROUNDS rounds (load $(cut -d' ' -f1-3 /proc/loadavg))"
+  for r in $(seq 1 "$ROUNDS"); do
+    for broker in lanemq mosquitto; do
+      PORT=$(free_port)
+      if [ "$broker" = lanemq ]; then
+        "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$TMP/offline-$r" >>"$TMP/broker.log" 2>&1 &
+      else
+        # mosquitto keeps queues in memory; its per-client queue limit raised above 200.
+        printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_queued_messages 1000\n' "$PORT" >"$TMP/mosq.conf"
+        mosquitto -c "$TMP/mosq.conf" >>"$TMP/mosq.log" 2>&1 &
+      fi
+      PID=$!
+      wait_port "$PORT" >/dev/null
+      "$BENCH" --port "$PORT" --offline-sessions "$OFFLINE_SESSIONS" --count 200 --payload 64 \
+        --broker-pid "$PID" --quiet --timeout 600 --json "$TMP/off.json" >"$TMP/off.txt" 2>&1 || true
+      python3 - "$TMP/off.json" "$broker" "$r" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1]))["offline"]
+print(f"round {sys.argv[3]} {sys.argv[2]:<9} publish {o['publish_secs']:6.2f} s  RSS/queued {o['rss_per_queued_bytes']:6.1f} B  "
+      f"drained {o['drained']}/{o['queued_expected']} in {o['drain_secs']:6.2f} s")
+PY
+      stop
+    done
+  done
 fi

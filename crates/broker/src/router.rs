@@ -12,6 +12,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// Hits of one publish up to which targets are de-duplicated by a linear search.
+const DEDUP_LINEAR_MAX: usize = 16;
+
 #[derive(Clone)]
 pub struct Subscriber {
     pub session: Arc<Session>,
@@ -117,16 +120,35 @@ impl Router {
         let mut hits: Vec<Hit<'_>> = Vec::new();
         collect(&self.root, &levels, 0, dollar, &mut Vec::new(), &mut hits);
         let start = out.len();
+        // A session that matches through several filters gets one target: a linear search
+        // for a few hits, a map by session for many (a topic with thousands of subscribers
+        // would otherwise cost hits² comparisons per publish).
+        let mut by_session: Option<HashMap<usize, usize>> =
+            (hits.len() > DEDUP_LINEAR_MAX).then(|| HashMap::with_capacity(hits.len()));
         for (sub, share) in hits {
             if share.is_none() && sub.options.no_local && &*sub.session.client_id == publisher {
                 continue;
             }
             let qos = published_qos.min(sub.options.qos);
             if share.is_none() {
-                if let Some(t) = out[start..]
-                    .iter_mut()
-                    .find(|t| t.share.is_none() && Arc::ptr_eq(&t.session, &sub.session))
-                {
+                let found = match &mut by_session {
+                    Some(m) => {
+                        let key = Arc::as_ptr(&sub.session) as usize;
+                        match m.get(&key) {
+                            Some(&i) => Some(i),
+                            None => {
+                                m.insert(key, out.len());
+                                None
+                            }
+                        }
+                    }
+                    None => out[start..]
+                        .iter()
+                        .position(|t| t.share.is_none() && Arc::ptr_eq(&t.session, &sub.session))
+                        .map(|i| start + i),
+                };
+                if let Some(i) = found {
+                    let t = &mut out[i];
                     t.qos = t.qos.max(qos);
                     t.retain_as_published |= sub.options.retain_as_published;
                     t.sub_ids.extend(sub.sub_id);
