@@ -3,7 +3,8 @@
 //! retained status published once, or a message queued for a session that stays away, never
 //! keeps the log from shrinking.
 //!
-//! Every `storage.retention_interval_s`, [`run_once`]:
+//! Every `storage.retention_interval_s`, and as soon as the log is past a limit (checked every
+//! 200 ms), [`Retention::run_once`]:
 //! 1. asks the store how far the limits want to cut (`Store::retention_cut`); when that is
 //!    not past the previous cut, it only deletes (step 4);
 //! 2. raises the carry floor to the cut: from then on a queue entry or a spilled delivery
@@ -34,6 +35,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
+
+/// How often the log's size is compared with the limits between two passes.
+const CHECK_MS: u64 = 200;
 
 /// What one carry pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -197,18 +201,27 @@ fn carry_session(
         .carry_unpersisted(|offset| keep.get(&offset).cloned());
 }
 
-/// Run [`Retention::run_once`] every `storage.retention_interval_s`.
+/// Run [`Retention::run_once`] every `storage.retention_interval_s`, and sooner when the
+/// log has grown past a limit (checked every [`CHECK_MS`]: a burst of traffic would otherwise
+/// overshoot `retention_max_bytes` by what arrives in one interval).
 pub fn spawn(broker: Arc<Broker>) {
     let every = Duration::from_secs(broker.config.storage.retention_interval_s);
     tokio::spawn(async move {
         let mut state = Retention::new(&broker);
-        let mut tick = tokio::time::interval(every);
+        let mut last = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(CHECK_MS).min(every));
         tick.tick().await;
         loop {
             tick.tick().await;
             if broker.is_shutting_down() {
                 return;
             }
+            let over =
+                broker.persist.store.retention_cut(crate::message::now_us()) > state.carried_to;
+            if !over && last.elapsed() < every {
+                continue;
+            }
+            last = tokio::time::Instant::now();
             let b = broker.clone();
             match tokio::task::spawn_blocking(move || {
                 state.run_once(&b);
