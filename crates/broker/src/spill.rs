@@ -203,26 +203,27 @@ impl SpillQueue {
         Some(sp)
     }
 
+    /// The seq of every entry, front first (from the runs).
+    fn seqs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.runs.iter().flat_map(|&(first, n)| {
+            (0..u64::from(n)).map(move |k| if first == 0 { 0 } else { first + k })
+        })
+    }
+
     /// The entries front first, as values (extras cloned).
     pub fn iter(&self) -> impl Iterator<Item = Spilled> + '_ {
-        let seqs = self.runs.iter().flat_map(|&(first, n)| {
-            (0..u64::from(n)).map(move |k| if first == 0 { 0 } else { first + k })
-        });
         self.entries
             .iter()
-            .zip(seqs)
+            .zip(self.seqs())
             .enumerate()
             .map(|(i, (e, seq))| self.decode(i, e, seq, true))
     }
 
     /// Offset and seq of every entry, front first (no extras).
     pub fn keys(&self) -> impl Iterator<Item = (u64, u64, bool)> + '_ {
-        let seqs = self.runs.iter().flat_map(|&(first, n)| {
-            (0..u64::from(n)).map(move |k| if first == 0 { 0 } else { first + k })
-        });
         self.entries
             .iter()
-            .zip(seqs)
+            .zip(self.seqs())
             .enumerate()
             .map(|(i, (e, seq))| {
                 let carried = e[2] & HAS_EXTRA != 0
