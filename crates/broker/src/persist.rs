@@ -28,8 +28,8 @@
 //! key parts. Integers are big-endian.
 //!
 //! Ops are applied by one index thread in submission order and flushed in batches (group
-//! commit for sled). In each batch the queue journal's records are written (and fsynced
-//! under `fsync = "always"`) before the batch's sled changes, so a `b_routed` marker or a
+//! commit for sled). In each batch the queue journal's records are written (and fsynced,
+//! unless `fsync = "never"`) before the batch's sled changes, so a `b_routed` marker or a
 //! watermark is never durable before the queue entries it stands for. A caller that must not act before its op is durable (an outbound QoS 2
 //! PUBLISH or PUBREL, a PUBCOMP, a SUBACK of a persistent session) takes the op's ticket and
 //! waits until [`Persist::flushed`] reaches it.
@@ -389,7 +389,7 @@ impl Persist {
         };
         let (mut journal, mut queues) = QueueJournal::open(
             &data_dir.join("queues"),
-            matches!(cfg.fsync, FsyncMode::Always),
+            !matches!(cfg.fsync, FsyncMode::Never),
         )
         .map_err(PersistError::Journal)?;
         migrate_sled_queue(&trees, &mut journal, &mut queues)?;
@@ -1175,6 +1175,21 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// Open again right after a close: sled's background flusher may hold the file lock for
+    /// a moment.
+    fn reopen(dir: &Path, cfg: &StorageConfig) -> Arc<Persist> {
+        for _ in 0..100 {
+            match Persist::open(dir, cfg) {
+                Ok(p) => return p,
+                Err(e) if e.to_string().contains("could not acquire lock") => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("open: {e}"),
+            }
+        }
+        panic!("the index stayed locked");
+    }
+
     /// Queue entries of the old one-sled-entry-per-message tree move into the journal once;
     /// carried copies and removals then survive a reopen.
     #[test]
@@ -1183,7 +1198,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let cfg = StorageConfig::default();
         {
-            let p = Persist::open(&dir, &cfg).unwrap();
+            let p = reopen(&dir, &cfg);
             for seq in 1..=3u64 {
                 let mut v = (100 + seq).to_be_bytes().to_vec();
                 v.extend_from_slice(&[1, u8::from(seq == 2)]);
@@ -1196,7 +1211,7 @@ mod tests {
             p.store.close().unwrap();
         }
         {
-            let p = Persist::open(&dir, &cfg).unwrap();
+            let p = reopen(&dir, &cfg);
             assert!(p.trees.queue.is_empty());
             let q = p.load_queue("c1").unwrap();
             let got: Vec<(u64, u64, bool)> =
@@ -1221,7 +1236,7 @@ mod tests {
             });
             p.close();
         }
-        let p = Persist::open(&dir, &cfg).unwrap();
+        let p = reopen(&dir, &cfg);
         let q = p.load_queue("c1").unwrap();
         assert_eq!(q.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![2, 3]);
         assert!(q[0].carried.is_none());

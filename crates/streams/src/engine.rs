@@ -1672,7 +1672,19 @@ mod tests {
         }
         fn open_parts(dir: &std::path::Path) -> (Store, Index) {
             let (store, _) = Store::open(StoreOptions::new(dir)).unwrap();
-            let index = Index::open(&dir.join("index")).unwrap();
+            // A reopen right after a drop: sled's background flusher may still hold the
+            // database's file lock for a moment.
+            let mut tries = 0;
+            let index = loop {
+                match Index::open(&dir.join("index")) {
+                    Ok(i) => break i,
+                    Err(e) if tries < 100 && e.to_string().contains("could not acquire lock") => {
+                        tries += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    Err(e) => panic!("open the index: {e}"),
+                }
+            };
             (store, index)
         }
         fn engine(&self, defs: &[StreamDef]) -> Arc<Engine> {
