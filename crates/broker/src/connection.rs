@@ -50,6 +50,8 @@ const REFILL_BATCH: usize = 128;
 /// Bytes of spilled queue entries read back at a time, at most (at least one entry; never
 /// beyond the session's `outbound_buffer_bytes_max`).
 const REFILL_BYTES_MAX: usize = 64 * 1024;
+/// A drained session queue whose capacity is above this gives the spare room back.
+const TRIM_QUEUE_CAPACITY: usize = 1024;
 /// How long input is drained after a server-initiated DISCONNECT.
 const LINGER_MS: u64 = 500;
 /// How much input is drained at most after a server-initiated DISCONNECT.
@@ -832,6 +834,9 @@ impl Conn {
                     delivery: d,
                 });
             }
+        }
+        if st.queue.is_empty() && st.queue.capacity() > TRIM_QUEUE_CAPACITY {
+            st.trim();
         }
         drop(st);
         let stats = &self.broker.stats;

@@ -8,15 +8,15 @@
 //! | `b_sessions` | client id | expiry_s u32, protocol u8, disconnected_at_us u64, will_delay_s u32 |
 //! | `b_subs` | client id, 0x00, filter | qos u8, flags u8 (no local, retain as published, retain handling), sub id u32 (0 = none) |
 //! | `b_carried` | client id, 0x00, seq u64 | offset u64, the message (`RecordIn` encoding) of a carried queue entry |
-//! | `b_inflight` | client id, 0x00, packet id u16 | seq u64, stage u8 |
 //! | `b_retained` | topic | offset u64, [the message: `RecordIn` encoding] |
 //! | `b_inbound` | client id, 0x00, packet id u16 | offset u64 of the PUBLISH, state u8 (1 received, 0 released) |
 //! | `b_wills` | client id | the will as a log record body (`RecordIn` encoding) |
 //!
-//! Session queues are not in sled: queue entries (client, seq → offset, QoS, retain) are
-//! records of the queue journal ([`crate::queue_journal`], `<data_dir>/queues/`), written
-//! sequentially, nothing per message in memory here. (`b_queue`, the old one-entry-per-message
-//! tree, is moved into the journal once at open.)
+//! Session queues and outbound inflight state are not in sled: queue entries (client, seq →
+//! offset, QoS, retain) and inflight records (client, packet id → seq, stage) are records of
+//! the queue journal ([`crate::queue_journal`], `<data_dir>/queues/`), written sequentially,
+//! nothing per queued message in memory here. (`b_queue` and `b_inflight`, the old
+//! one-entry-per-message trees, are moved into the journal once at open.)
 //!
 //! A queued or retained message whose log segment retention is about to delete is *carried*:
 //! its record is copied into `b_carried` / its `b_retained` value (see `crate::retention`), and
@@ -40,7 +40,7 @@
 //! unflushed tail loses nothing that was acknowledged.
 
 use crate::config::{FsyncMode, StorageConfig};
-use crate::queue_journal::{QueueJournal, Queues};
+use crate::queue_journal::{Inflights, QueueJournal, Queues};
 use bytes::Bytes;
 use lanemq_protocol::{PublishProperties, QoS};
 use lanemq_store::{
@@ -212,6 +212,48 @@ fn migrate_sled_queue(
     Ok(())
 }
 
+/// Move the entries of the old `b_inflight` tree into the journal, once (as
+/// [`migrate_sled_queue`]).
+fn migrate_sled_inflight(
+    t: &Trees,
+    j: &mut QueueJournal,
+    inflights: &mut Inflights,
+) -> Result<(), PersistError> {
+    if t.inflight.is_empty() {
+        return Ok(());
+    }
+    let mut moved = 0u64;
+    for kv in t.inflight.iter() {
+        let (k, v) = kv?;
+        let Some(cut) = k.iter().position(|&b| b == 0) else {
+            continue;
+        };
+        let client =
+            String::from_utf8(k[..cut].to_vec()).map_err(|_| PersistError::Corrupt("inflight"))?;
+        let pid = be_u16(&k[cut + 1..]).ok_or(PersistError::Corrupt("inflight"))?;
+        let seq = be_u64(&v).ok_or(PersistError::Corrupt("inflight"))?;
+        let stage = *v.get(8).ok_or(PersistError::Corrupt("inflight"))?;
+        let arc: Arc<str> = client.as_str().into();
+        j.inflight_put(&arc, pid, seq, stage)
+            .map_err(PersistError::Journal)?;
+        let f = inflights.entry(client).or_default();
+        f.retain(|e| e.0 != pid);
+        f.push((pid, seq, stage));
+        moved += 1;
+    }
+    for f in inflights.values_mut() {
+        f.sort_by_key(|e| e.0);
+    }
+    j.commit().map_err(PersistError::Journal)?;
+    t.inflight.clear()?;
+    t.inflight.flush()?;
+    info!(
+        entries = moved,
+        "inflight records moved from sled into the queue journal"
+    );
+    Ok(())
+}
+
 /// One persisted queue entry (see [`Persist::load_queue`]).
 #[derive(Debug, Clone)]
 pub struct QueuedRow {
@@ -289,6 +331,8 @@ pub struct Persist {
     journal: Mutex<QueueJournal>,
     /// Live queue entries found at open, taken by [`Persist::load_queue`] during restore.
     queues_at_open: Mutex<Queues>,
+    /// Inflight records found at open, taken by [`Persist::load_inflight`] during restore.
+    inflight_at_open: Mutex<Inflights>,
     /// `b_carried` keys (only written by the index thread): a removal needs a sled write
     /// only for these.
     carried_keys: Mutex<std::collections::HashSet<Vec<u8>>>,
@@ -387,12 +431,13 @@ impl Persist {
             routed: t("b_routed")?,
             stream_subs: t("b_stream_subs")?,
         };
-        let (mut journal, mut queues) = QueueJournal::open(
+        let (mut journal, mut queues, mut inflights) = QueueJournal::open(
             &data_dir.join("queues"),
             !matches!(cfg.fsync, FsyncMode::Never),
         )
         .map_err(PersistError::Journal)?;
         migrate_sled_queue(&trees, &mut journal, &mut queues)?;
+        migrate_sled_inflight(&trees, &mut journal, &mut inflights)?;
         let mut carried_keys = std::collections::HashSet::new();
         for k in trees.carried.iter().keys() {
             carried_keys.insert(k?.to_vec());
@@ -403,6 +448,7 @@ impl Persist {
             trees,
             journal: Mutex::new(journal),
             queues_at_open: Mutex::new(queues),
+            inflight_at_open: Mutex::new(inflights),
             carried_keys: Mutex::new(carried_keys),
             queue: Mutex::new(OpQueue {
                 ops: VecDeque::new(),
@@ -597,6 +643,13 @@ impl Persist {
                 } => j.push(client, *seq, *offset, *qos, *retain),
                 Op::QueueRemove { client, seq } => j.remove(client, *seq),
                 Op::SessionRemove { client } => j.drop_session(client),
+                Op::InflightPut {
+                    client,
+                    pid,
+                    seq,
+                    stage,
+                } => j.inflight_put(client, *pid, *seq, *stage),
+                Op::InflightRemove { client, pid } => j.inflight_free(client, *pid),
                 _ => Ok(()),
             }
             .map_err(PersistError::Journal)?;
@@ -627,7 +680,7 @@ impl Persist {
                 t.wills.remove(client.as_bytes())?;
                 let p = prefix(&client);
                 self.forget_carried(&p);
-                for tree in [&t.subs, &t.carried, &t.inflight, &t.inbound, &t.stream_subs] {
+                for tree in [&t.subs, &t.carried, &t.inbound, &t.stream_subs] {
                     for k in tree.scan_prefix(&p).keys() {
                         tree.remove(k?)?;
                     }
@@ -679,21 +732,8 @@ impl Persist {
                     t.carried.remove(k)?;
                 }
             }
-            Op::InflightPut {
-                client,
-                pid,
-                seq,
-                stage,
-            } => {
-                let mut v = [0u8; 9];
-                v[0..8].copy_from_slice(&seq.to_be_bytes());
-                v[8] = stage;
-                t.inflight
-                    .insert(key(&client, &pid.to_be_bytes()), &v[..])?;
-            }
-            Op::InflightRemove { client, pid } => {
-                t.inflight.remove(key(&client, &pid.to_be_bytes()))?;
-            }
+            // In the journal (`apply_journal`).
+            Op::InflightPut { .. } | Op::InflightRemove { .. } => {}
             Op::Retain {
                 topic,
                 offset: Some(o),
@@ -861,18 +901,15 @@ impl Persist {
         ))
     }
 
-    /// Inflight state of a session: (packet id, seq, stage).
+    /// Inflight state of a session found at open: (packet id, seq, stage). Taken: a second
+    /// call for the same client returns nothing.
     pub fn load_inflight(&self, client: &str) -> Result<Vec<(u16, u64, u8)>, PersistError> {
-        let p = prefix(client);
-        let mut out = Vec::new();
-        for kv in self.trees.inflight.scan_prefix(&p) {
-            let (k, v) = kv?;
-            let pid = be_u16(&k[p.len()..]).ok_or(PersistError::Corrupt("inflight"))?;
-            let seq = be_u64(&v).ok_or(PersistError::Corrupt("inflight"))?;
-            let stage = *v.get(8).ok_or(PersistError::Corrupt("inflight"))?;
-            out.push((pid, seq, stage));
-        }
-        Ok(out)
+        Ok(self
+            .inflight_at_open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(client)
+            .unwrap_or_default())
     }
 
     /// Inbound QoS 2 packet ids received and not released: (pid, offset).

@@ -1,10 +1,13 @@
-//! Persisted session queues: one append-only journal of small records
-//! (`<data_dir>/queues/queues.qj`) instead of one sled entry per queued message.
+//! Persisted session queues and outbound inflight state: one append-only journal of small
+//! records (`<data_dir>/queues/queues.qj`) instead of one sled entry per queued or inflight
+//! message.
 //!
 //! A message queued for a persistent session is a position in the log; the journal records
 //! the positions: a publish to N offline sessions is one log record plus N 30-byte journal
-//! records written sequentially, and a delivered message one removal. Nothing per message
-//! is kept in memory here (the sessions hold their queues).
+//! records written sequentially, and a delivered message one removal. A QoS 1/2 delivery in
+//! flight is one 24-byte record (packet id, queue seq, stage) and its acknowledgement one
+//! 15-byte removal. Nothing per queued message is kept in memory here (the sessions hold
+//! their queues); the packet ids in flight are (bounded by the sessions' windows).
 //!
 //! # Format
 //!
@@ -16,7 +19,9 @@
 //! | 1 | id u32, client id bytes | the session `client id` is called `id` from here on |
 //! | 2 | id u32, seq u64, offset u64, flags u8 (QoS in bits 0-1, retain bit 2) | queue entry `seq` refers to log `offset` |
 //! | 3 | id u32, seq u64 | queue entry `seq` is gone (delivered, dropped) |
-//! | 4 | id u32 | every queue entry of the session is gone (session ended) |
+//! | 4 | id u32 | every queue entry and inflight record of the session is gone (session ended) |
+//! | 5 | id u32, pid u16, seq u64, stage u8 | packet id `pid` carries queue entry `seq` at `stage` (1 PUBLISH sent, 2 PUBREL sent) |
+//! | 6 | id u32, pid u16 | packet id `pid` is free again |
 //!
 //! # Invariants
 //!
@@ -42,6 +47,8 @@ const TAG_NAME: u8 = 1;
 const TAG_PUSH: u8 = 2;
 const TAG_REMOVE: u8 = 3;
 const TAG_DROP: u8 = 4;
+const TAG_INFLIGHT: u8 = 5;
+const TAG_INFLIGHT_FREE: u8 = 6;
 /// Longest payload accepted when reading (a client id is at most 65,535 bytes).
 const PAYLOAD_MAX: usize = 70_000;
 /// The journal is rewritten when it is larger than this and than four times its live size.
@@ -61,6 +68,9 @@ pub struct JournalEntry {
 /// Live entries by client id, each in seq order.
 pub type Queues = HashMap<String, Vec<JournalEntry>>;
 
+/// Inflight records by client id: (packet id, seq, stage), in packet id order.
+pub type Inflights = HashMap<String, Vec<(u16, u64, u8)>>;
+
 pub struct QueueJournal {
     dir: PathBuf,
     file: BufWriter<File>,
@@ -73,6 +83,8 @@ pub struct QueueJournal {
     live: i64,
     /// Live entries per session id (so a dropped session's entries leave `live`).
     counts: HashMap<u32, i64>,
+    /// Packet ids in flight per session id (exact: a stage change replaces its record).
+    inflight: HashMap<u32, std::collections::HashSet<u16>>,
     fsync: bool,
     dirty: bool,
 }
@@ -105,6 +117,7 @@ fn be64(b: &[u8]) -> Option<u64> {
 struct Replayed {
     names: HashMap<u32, String>,
     queues: HashMap<u32, BTreeMap<u64, (u64, u8)>>,
+    inflight: HashMap<u32, BTreeMap<u16, (u64, u8)>>,
     /// Bytes of whole, valid frames.
     good_len: u64,
 }
@@ -172,6 +185,25 @@ fn apply(r: &mut Replayed, p: &[u8]) -> bool {
         }
         TAG_DROP => {
             r.queues.remove(&id);
+            r.inflight.remove(&id);
+        }
+        TAG_INFLIGHT => {
+            let (Some(pid), Some(seq), Some(&stage)) = (
+                p.get(5..7).map(|b| u16::from_be_bytes([b[0], b[1]])),
+                p.get(7..).and_then(be64),
+                p.get(15),
+            ) else {
+                return false;
+            };
+            r.inflight.entry(id).or_default().insert(pid, (seq, stage));
+        }
+        TAG_INFLIGHT_FREE => {
+            let Some(pid) = p.get(5..7).map(|b| u16::from_be_bytes([b[0], b[1]])) else {
+                return false;
+            };
+            if let Some(m) = r.inflight.get_mut(&id) {
+                m.remove(&pid);
+            }
         }
         _ => return false,
     }
@@ -188,6 +220,16 @@ fn push_payload(id: u32, seq: u64, offset: u64, flags: u8) -> [u8; 22] {
     p
 }
 
+fn inflight_payload(id: u32, pid: u16, seq: u64, stage: u8) -> [u8; 16] {
+    let mut p = [0u8; 16];
+    p[0] = TAG_INFLIGHT;
+    p[1..5].copy_from_slice(&id.to_be_bytes());
+    p[5..7].copy_from_slice(&pid.to_be_bytes());
+    p[7..15].copy_from_slice(&seq.to_be_bytes());
+    p[15] = stage;
+    p
+}
+
 fn name_payload(id: u32, client: &str) -> Vec<u8> {
     let mut p = Vec::with_capacity(5 + client.len());
     p.push(TAG_NAME);
@@ -197,9 +239,9 @@ fn name_payload(id: u32, client: &str) -> Vec<u8> {
 }
 
 impl QueueJournal {
-    /// Open (or create) the journal in `dir`; returns it with every live entry. A torn
-    /// tail is cut. `fsync`: [`QueueJournal::commit`] fsyncs.
-    pub fn open(dir: &Path, fsync: bool) -> io::Result<(QueueJournal, Queues)> {
+    /// Open (or create) the journal in `dir`; returns it with every live entry and inflight
+    /// record. A torn tail is cut. `fsync`: [`QueueJournal::commit`] fsyncs.
+    pub fn open(dir: &Path, fsync: bool) -> io::Result<(QueueJournal, Queues, Inflights)> {
         std::fs::create_dir_all(dir)?;
         let _ = std::fs::remove_file(dir.join(TMP));
         let path = dir.join(FILE);
@@ -246,6 +288,24 @@ impl QueueJournal {
                     .collect(),
             );
         }
+        let mut inflights = Inflights::new();
+        let mut inflight = HashMap::new();
+        for (id, m) in &r.inflight {
+            let Some(name) = r.names.get(id) else {
+                continue;
+            };
+            if m.is_empty() {
+                continue;
+            }
+            live += m.len() as i64;
+            inflight.insert(*id, m.keys().copied().collect());
+            inflights.insert(
+                name.clone(),
+                m.iter()
+                    .map(|(&pid, &(seq, stage))| (pid, seq, stage))
+                    .collect(),
+            );
+        }
         let ids: HashMap<Arc<str>, u32> = r
             .names
             .iter()
@@ -261,10 +321,12 @@ impl QueueJournal {
                 next_id,
                 live,
                 counts,
+                inflight,
                 fsync,
                 dirty: false,
             },
             queues,
+            inflights,
         ))
     }
 
@@ -328,7 +390,45 @@ impl QueueJournal {
         p[0] = TAG_DROP;
         p[1..5].copy_from_slice(&id.to_be_bytes());
         self.live -= self.counts.remove(&id).unwrap_or(0);
+        self.live -= self.inflight.remove(&id).map_or(0, |s| s.len() as i64);
         self.write(&p)
+    }
+
+    /// Packet id `pid` of the session carries queue entry `seq` at `stage`.
+    pub fn inflight_put(
+        &mut self,
+        client: &Arc<str>,
+        pid: u16,
+        seq: u64,
+        stage: u8,
+    ) -> io::Result<()> {
+        let id = self.id(client)?;
+        self.write(&inflight_payload(id, pid, seq, stage))?;
+        if self.inflight.entry(id).or_default().insert(pid) {
+            self.live += 1;
+        }
+        Ok(())
+    }
+
+    /// Packet id `pid` of the session is free again.
+    pub fn inflight_free(&mut self, client: &Arc<str>, pid: u16) -> io::Result<()> {
+        let Some(&id) = self.ids.get(client) else {
+            return Ok(());
+        };
+        let mut p = [0u8; 7];
+        p[0] = TAG_INFLIGHT_FREE;
+        p[1..5].copy_from_slice(&id.to_be_bytes());
+        p[5..7].copy_from_slice(&pid.to_be_bytes());
+        self.write(&p)?;
+        if let Some(set) = self.inflight.get_mut(&id) {
+            if set.remove(&pid) {
+                self.live -= 1;
+            }
+            if set.is_empty() {
+                self.inflight.remove(&id);
+            }
+        }
+        Ok(())
     }
 
     /// Write what was appended since the last commit (and fsync it if configured). Call
@@ -377,18 +477,38 @@ impl QueueJournal {
         let mut counts = HashMap::new();
         let mut len = 0u64;
         let mut live = 0i64;
+        let mut inflight = HashMap::new();
         let mut buf = Vec::with_capacity(64);
-        for (id, q) in &r.queues {
-            let Some(name) = r.names.get(id) else {
+        let empty_q = BTreeMap::new();
+        let empty_f = BTreeMap::new();
+        let live_ids: std::collections::BTreeSet<u32> = r
+            .queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(id, _)| *id)
+            .chain(
+                r.inflight
+                    .iter()
+                    .filter(|(_, m)| !m.is_empty())
+                    .map(|(id, _)| *id),
+            )
+            .collect();
+        for id in live_ids {
+            let Some(name) = r.names.get(&id) else {
                 continue;
             };
-            if q.is_empty() {
-                continue;
-            }
+            let q = r.queues.get(&id).unwrap_or(&empty_q);
+            let f = r.inflight.get(&id).unwrap_or(&empty_f);
             buf.clear();
-            frame(&mut buf, &name_payload(*id, name));
-            for (&seq, &(offset, flags)) in q {
-                frame(&mut buf, &push_payload(*id, seq, offset, flags));
+            frame(&mut buf, &name_payload(id, name));
+            let pushes = q
+                .iter()
+                .map(|(&seq, &(offset, flags))| push_payload(id, seq, offset, flags).to_vec());
+            let puts = f
+                .iter()
+                .map(|(&pid, &(seq, stage))| inflight_payload(id, pid, seq, stage).to_vec());
+            for p in pushes.chain(puts) {
+                frame(&mut buf, &p);
                 live += 1;
                 if buf.len() >= 64 << 10 {
                     w.write_all(&buf)?;
@@ -398,8 +518,13 @@ impl QueueJournal {
             }
             w.write_all(&buf)?;
             len += buf.len() as u64;
-            ids.insert(Arc::<str>::from(name.as_str()), *id);
-            counts.insert(*id, q.len() as i64);
+            ids.insert(Arc::<str>::from(name.as_str()), id);
+            if !q.is_empty() {
+                counts.insert(id, q.len() as i64);
+            }
+            if !f.is_empty() {
+                inflight.insert(id, f.keys().copied().collect());
+            }
         }
         w.flush()?;
         w.get_ref().sync_all()?;
@@ -413,6 +538,7 @@ impl QueueJournal {
         self.len = len;
         self.live = live;
         self.counts = counts;
+        self.inflight = inflight;
         // Ids of ended sessions are forgotten; live ones keep theirs.
         self.ids = ids;
         tracing::info!(before, after = len, live, "session queue journal rewritten");
@@ -436,7 +562,7 @@ mod tests {
         let d = dir("replay");
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
         {
-            let (mut j, q) = QueueJournal::open(&d, true).unwrap();
+            let (mut j, q, _) = QueueJournal::open(&d, true).unwrap();
             assert!(q.is_empty());
             for seq in 1..=5 {
                 j.push(&a, seq, 100 + seq, 1, seq == 2).unwrap();
@@ -448,7 +574,7 @@ mod tests {
             j.push(&b, 9, 999, 1, false).unwrap();
             j.commit().unwrap();
         }
-        let (_, q) = QueueJournal::open(&d, true).unwrap();
+        let (_, q, _) = QueueJournal::open(&d, true).unwrap();
         let a_q: Vec<(u64, u64, u8, bool)> = q["a"]
             .iter()
             .map(|e| (e.seq, e.offset, e.qos, e.retain))
@@ -467,7 +593,7 @@ mod tests {
         let d = dir("torn");
         let a: Arc<str> = "a".into();
         {
-            let (mut j, _) = QueueJournal::open(&d, true).unwrap();
+            let (mut j, _, _) = QueueJournal::open(&d, true).unwrap();
             j.push(&a, 1, 10, 1, false).unwrap();
             j.push(&a, 2, 20, 1, false).unwrap();
             j.commit().unwrap();
@@ -482,13 +608,13 @@ mod tests {
             .write_all(&[0, 0, 0, 22, 1, 2])
             .unwrap();
         {
-            let (mut j, q) = QueueJournal::open(&d, true).unwrap();
+            let (mut j, q, _) = QueueJournal::open(&d, true).unwrap();
             assert_eq!(q["a"].len(), 2);
             assert_eq!(std::fs::metadata(&path).unwrap().len(), full);
             j.push(&a, 3, 30, 1, false).unwrap();
             j.commit().unwrap();
         }
-        let (_, q) = QueueJournal::open(&d, true).unwrap();
+        let (_, q, _) = QueueJournal::open(&d, true).unwrap();
         assert_eq!(
             q["a"].iter().map(|e| e.offset).collect::<Vec<_>>(),
             vec![10, 20, 30]
@@ -501,7 +627,7 @@ mod tests {
         let d = dir("compact");
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
         {
-            let (mut j, _) = QueueJournal::open(&d, false).unwrap();
+            let (mut j, _, _) = QueueJournal::open(&d, false).unwrap();
             for seq in 0..10_000u64 {
                 j.push(&a, seq, seq, 1, false).unwrap();
                 if seq >= 5 {
@@ -516,12 +642,47 @@ mod tests {
             j.push(&a, 10_000, 10_000, 2, true).unwrap();
             j.commit().unwrap();
         }
-        let (_, q) = QueueJournal::open(&d, false).unwrap();
+        let (_, q, _) = QueueJournal::open(&d, false).unwrap();
         assert!(!q.contains_key("b"));
         assert_eq!(
             q["a"].iter().map(|e| e.seq).collect::<Vec<_>>(),
             (9_995..=10_000).collect::<Vec<_>>()
         );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn inflight_records_replay_and_survive_compaction() {
+        let d = dir("inflight");
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        {
+            let (mut j, _, f) = QueueJournal::open(&d, true).unwrap();
+            assert!(f.is_empty());
+            j.push(&a, 1, 10, 2, false).unwrap();
+            j.inflight_put(&a, 7, 1, 1).unwrap();
+            j.inflight_put(&a, 8, 2, 1).unwrap();
+            // QoS 2: PUBREC received, PUBREL sent: the same packet id at stage 2.
+            j.inflight_put(&a, 7, 1, 2).unwrap();
+            j.inflight_free(&a, 8).unwrap();
+            j.inflight_put(&b, 1, 5, 1).unwrap();
+            j.drop_session(&b).unwrap();
+            j.commit().unwrap();
+        }
+        let (mut j, q, f) = QueueJournal::open(&d, true).unwrap();
+        assert_eq!(f.get("a"), Some(&vec![(7, 1, 2)]));
+        assert!(!f.contains_key("b"));
+        assert_eq!(q["a"].len(), 1);
+        // 1 queue entry + 1 inflight record are live.
+        assert_eq!(j.live, 2);
+        j.compact().unwrap();
+        assert_eq!(j.live, 2);
+        j.inflight_free(&a, 7).unwrap();
+        assert_eq!(j.live, 1);
+        j.commit().unwrap();
+        drop(j);
+        let (_, q, f) = QueueJournal::open(&d, true).unwrap();
+        assert!(f.is_empty());
+        assert_eq!(q["a"][0].offset, 10);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

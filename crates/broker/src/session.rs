@@ -175,6 +175,23 @@ pub struct SessionState {
     pub stream_subs: HashMap<String, Arc<StreamSub>>,
 }
 
+impl SessionState {
+    /// Give back the spare capacity of the queues and packet id sets: a session that took a
+    /// burst keeps its peak capacity otherwise (about 70 KB after 200 messages in flight), and
+    /// a broker holds many idle and offline sessions.
+    pub fn trim(&mut self) {
+        crate::spill::shrink_deque(&mut self.queue);
+        crate::spill::shrink_deque(&mut self.inflight);
+        self.spilled.shrink();
+        if self.pids_in_use.capacity() > 2 * self.pids_in_use.len() + 16 {
+            self.pids_in_use.shrink_to_fit();
+        }
+        if self.inbound_qos2.capacity() > 2 * self.inbound_qos2.len() + 16 {
+            self.inbound_qos2.shrink_to_fit();
+        }
+    }
+}
+
 impl Drop for SessionState {
     /// Give the in-memory bytes back to the broker-wide budget.
     fn drop(&mut self) {
@@ -259,6 +276,9 @@ impl Session {
     pub fn set_online(&self, st: &mut SessionState, online: bool) {
         st.connected = online;
         self.online.store(online, Ordering::Relaxed);
+        if !online {
+            st.trim();
+        }
     }
 
     /// Queue a delivery. Never waits: QoS 0 is queued only for a connected session within the

@@ -270,6 +270,15 @@ impl SpillQueue {
         done
     }
 
+    /// Give back spare capacity (a session that drained a burst and went idle).
+    pub fn shrink(&mut self) {
+        shrink_deque(&mut self.entries);
+        shrink_deque(&mut self.runs);
+        if self.extras.capacity() > 2 * self.extras.len() + 8 {
+            self.extras.shrink_to_fit();
+        }
+    }
+
     /// Remove and return every entry.
     pub fn take_all(&mut self) -> Vec<Spilled> {
         let mut out = Vec::with_capacity(self.len());
@@ -279,6 +288,13 @@ impl SpillQueue {
         self.entries = VecDeque::new();
         self.runs = VecDeque::new();
         out
+    }
+}
+
+/// Shrink a deque whose capacity is far above its length (keeps a little room).
+pub fn shrink_deque<T>(d: &mut VecDeque<T>) {
+    if d.capacity() > 2 * d.len() + 16 {
+        d.shrink_to(d.len() + 8);
     }
 }
 

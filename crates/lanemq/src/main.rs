@@ -1,5 +1,6 @@
 //! The `lanemq` binary: `serve`, `generate-config`, `check-config`, `bench`, `streams`, `lanes`, ...
 
+mod alloc;
 mod lanes_cli;
 mod streams_cli;
 
@@ -10,12 +11,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tracing::{info, warn};
-
-/// mimalloc instead of the system allocator: the replay and publish paths allocate many
-/// short-lived buffers, and glibc malloc spent ~40% of the broker's CPU on them (see
-/// docs/benchmarks.md).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -245,9 +240,12 @@ fn serve(args: ServeArgs) -> Result<()> {
         None => {}
     }
     config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    alloc::configure();
+    alloc::start_upkeep();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("lanemq")
+        .on_thread_park(alloc::collect_if_due)
         .build()
         .context("cannot start the runtime")?;
     runtime.block_on(async move {
