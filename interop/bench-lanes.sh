@@ -16,6 +16,9 @@
 #          message each: creation under load, target p95 <= 10 ms); A2A_FAST_RATE msg/s (target
 #          p95 <= 20 ms); then the broker is killed (-9) and restarted: time until a client gets
 #          its CONNACK (the broker accepts clients only once storage, streams and lanes are open).
+#   restart (opt-in) RESTART_LANES lanes created (one message each), then plain QoS 1 messages
+#          outside the parent up to RESTART_RECORDS records in the log; kill -9 and restart: time
+#          until a client gets its CONNACK (issue 13: 1 M lanes and 10 M records, <= 1 s).
 #   plain  (opt-in) the active phase on a broker without lite parents: a plain MQTT shared
 #          subscription (round robin, no per-lane order), the baseline for the lanes' latency.
 #   control (opt-in) LANES messages to topics outside any lite parent (`bench/l-<i>/x`) on a
@@ -27,6 +30,7 @@
 #
 # Environment: LANES=1000000 ACTIVE=1000 RATE=10000 SECS=10 WARMUP=1 MEMBERS=4
 #              A2A_LANES=LANES/2 A2A_RATE=12500 A2A_NEW_RATE=2500 A2A_FAST_RATE=25000 PUBS=4
+#              RESTART_LANES=LANES RESTART_RECORDS=10000000
 #              INFLIGHT=1000 PAYLOAD=100 FSYNC= (empty: the broker's default, "always")
 #              SECTIONS="idle fresh a2a" (add "plain", "control")  REPEAT=1 (active runs per broker in
 #              idle/fresh, alternating; the table shows the median run by p99)  PAUSE=3 (seconds after
@@ -48,6 +52,8 @@ A2A_LANES=${A2A_LANES:-$((LANES / 2))}
 A2A_RATE=${A2A_RATE:-12500}
 A2A_NEW_RATE=${A2A_NEW_RATE:-2500}
 A2A_FAST_RATE=${A2A_FAST_RATE:-25000}
+RESTART_LANES=${RESTART_LANES:-$LANES}
+RESTART_RECORDS=${RESTART_RECORDS:-10000000}
 PUBS=${PUBS:-4}
 INFLIGHT=${INFLIGHT:-1000}
 PAYLOAD=${PAYLOAD:-100}
@@ -177,6 +183,43 @@ PY
 ms() { python3 -c 'import sys; v=sys.argv[1]; print("-" if v=="-" else "%.2f" % (float(v)/1000))' "$1"; }
 ratio() { python3 -c 'import sys; a,b=sys.argv[1:]; print("-" if "-" in (a,b) or float(b)==0 else "%.2fx" % (float(a)/float(b)))' "$1" "$2"; }
 
+# restart_probe NAME: kill -9 the broker NAME (started last), restart it on its data dir and
+# time exec to the first CONNACK: sets RESTART_S, RESTART_LOG, RECORDS (MiB of log).
+restart_probe() {
+  kill -9 "$PID"
+  wait "$PID" 2>/dev/null || true
+  RECORDS=$(du -sm "$TMP/d-$1/log" | cut -f1)
+  t0=$(date +%s.%N)
+  "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$TMP/d-$1" --config "$TMP/cfg.toml" \
+    >>"$TMP/broker-$1.log" 2>&1 &
+  PID=$!
+  ALL_PIDS+=("$PID")
+  RESTART_S=$(python3 - "$PORT" "$t0" <<'PY'
+import socket, sys, time
+port, t0 = int(sys.argv[1]), float(sys.argv[2])
+# MQTT 5 CONNECT, clean start, keep alive 60, client id "restart-probe"
+cid = b"restart-probe"
+var = b"\x00\x04MQTT\x05\x02\x00\x3c\x00"
+body = var + len(cid).to_bytes(2, "big") + cid
+pkt = bytes([0x10, len(body)]) + body
+while time.time() - t0 < 300:
+    try:
+        s = socket.create_connection(("127.0.0.1", port), 0.5)
+        s.settimeout(120)
+        s.sendall(pkt)
+        if s.recv(1)[:1] == b"\x20":
+            print("%.2f" % (time.time() - t0))
+            sys.exit(0)
+    except OSError:
+        time.sleep(0.01)
+print("-")
+PY
+)
+  sleep 1
+  RESTART_LOG=$(sed 's/\x1b\[[0-9;]*m//g' "$TMP/broker-$1.log" | grep "lite lanes recovered" | tail -1 |
+    grep -o 'lanes=.*' || true)
+}
+
 CREATE=(--lanes create --publishers "$PUBS" --inflight "$INFLIGHT")
 ACTIVE_ARGS=(--lanes active --lanes-active "$ACTIVE" --rate "$RATE" --duration "$SECS" --warmup "$WARMUP"
   --lanes-members "$MEMBERS" --lanes-offset latest --publishers "$PUBS" --inflight "$INFLIGHT" --drain 5)
@@ -211,39 +254,19 @@ if [[ " $SECTIONS " == *" a2a "* ]]; then
   bench a2a-active --rate "$A2A_RATE" "${A2A_ARGS[@]}"
   bench a2a-new --rate "$A2A_RATE" --lanes-new-rate "$A2A_NEW_RATE" "${A2A_ARGS[@]}"
   bench a2a-fast --rate "$A2A_FAST_RATE" "${A2A_ARGS[@]}"
-  # Restart after kill -9: time from exec to the first CONNACK.
-  kill -9 "$PID"
-  wait "$PID" 2>/dev/null || true
-  RECORDS=$(du -sm "$TMP/d-a2a/log" | cut -f1)
-  t0=$(date +%s.%N)
-  "$BIN" serve --mqtt "127.0.0.1:$PORT" --data-dir "$TMP/d-a2a" --config "$TMP/cfg.toml" \
-    >>"$TMP/broker-a2a.log" 2>&1 &
-  PID=$!
-  ALL_PIDS+=("$PID")
-  RESTART_S=$(python3 - "$PORT" "$t0" <<'PY'
-import socket, sys, time
-port, t0 = int(sys.argv[1]), float(sys.argv[2])
-# MQTT 5 CONNECT, clean start, keep alive 60, client id "restart-probe"
-cid = b"restart-probe"
-var = b"\x00\x04MQTT\x05\x02\x00\x3c\x00"
-body = var + len(cid).to_bytes(2, "big") + cid
-pkt = bytes([0x10, len(body)]) + body
-while time.time() - t0 < 300:
-    try:
-        s = socket.create_connection(("127.0.0.1", port), 0.5)
-        s.settimeout(120)
-        s.sendall(pkt)
-        if s.recv(1)[:1] == b"\x20":
-            print("%.2f" % (time.time() - t0))
-            sys.exit(0)
-    except OSError:
-        time.sleep(0.01)
-print("-")
-PY
-)
-  sleep 1
-  RESTART_LOG=$(sed 's/\x1b\[[0-9;]*m//g' "$TMP/broker-a2a.log" | grep "lite lanes recovered" | tail -1 |
-    grep -o 'lanes=.*' || true)
+  restart_probe a2a
+  RESTART_A2A=$RESTART_S RESTART_A2A_LOG=$RESTART_LOG RESTART_A2A_MB=$RECORDS
+  stop
+fi
+if [[ " $SECTIONS " == *" restart "* ]]; then
+  start restart
+  bench restart-create --lanes-count "$RESTART_LANES" "${CREATE[@]}"
+  FILL=$(((RESTART_RECORDS - RESTART_LANES) / PUBS))
+  if [ "$FILL" -gt 0 ]; then
+    bench restart-fill --publishers "$PUBS" --subscribers 0 --qos 1 --count "$FILL" --inflight "$INFLIGHT"
+  fi
+  restart_probe restart
+  RESTART_R=$RESTART_S RESTART_R_LOG=$RESTART_LOG RESTART_R_MB=$RECORDS
   stop
 fi
 if [[ " $SECTIONS " == *" plain "* ]]; then
@@ -265,7 +288,7 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
   "git $(git rev-parse --short HEAD 2>/dev/null || echo '?'); fsync=${FSYNC:-default (always)}; payload $PAYLOAD B; QoS 1"
 echo
 echo "command: ${STORAGE_TOML:+STORAGE_TOML='$STORAGE_TOML' }LANES=$LANES ACTIVE=$ACTIVE RATE=$RATE SECS=$SECS WARMUP=$WARMUP MEMBERS=$MEMBERS REPEAT=$REPEAT" \
-  "A2A_LANES=$A2A_LANES A2A_RATE=$A2A_RATE A2A_NEW_RATE=$A2A_NEW_RATE A2A_FAST_RATE=$A2A_FAST_RATE PUBS=$PUBS INFLIGHT=$INFLIGHT SECTIONS=\"$SECTIONS\" interop/bench-lanes.sh"
+  "A2A_LANES=$A2A_LANES A2A_RATE=$A2A_RATE A2A_NEW_RATE=$A2A_NEW_RATE A2A_FAST_RATE=$A2A_FAST_RATE RESTART_LANES=$RESTART_LANES RESTART_RECORDS=$RESTART_RECORDS PUBS=$PUBS INFLIGHT=$INFLIGHT SECTIONS=\"$SECTIONS\" interop/bench-lanes.sh"
 echo
 echo "| figure | value | target |"
 echo "|---|---|---|"
@@ -341,8 +364,11 @@ active_rows a2a-fast "A2A: $A2A_FAST_RATE msg/s to random lanes of $A2A_LANES"
 if [ -f "$TMP/a2a-fast.json" ]; then
   row "A2A at $A2A_FAST_RATE msg/s, p95" "$(ms "$(field a2a-fast lanes.latency.p95_us)") ms" "≤ 20 ms"
 fi
-if [ -n "${RESTART_S:-}" ]; then
-  row "restart after kill -9 ($RECORDS MiB of log, $A2A_LANES+ lanes): exec to first CONNACK" "$RESTART_S s ($RESTART_LOG)" "≤ 1 s"
+if [ -n "${RESTART_A2A:-}" ]; then
+  row "restart after kill -9 ($RESTART_A2A_MB MiB of log, $A2A_LANES+ lanes): exec to first CONNACK" "$RESTART_A2A s ($RESTART_A2A_LOG)" ""
+fi
+if [ -n "${RESTART_R:-}" ]; then
+  row "restart after kill -9: $RESTART_LANES lanes, $RESTART_RECORDS records ($RESTART_R_MB MiB of log): exec to first CONNACK" "$RESTART_R s ($RESTART_R_LOG)" "≤ 1 s"
 fi
 echo
 echo "lanemq-bench commands (--port/--broker-pid/--payload $PAYLOAD/--quiet added; a fresh broker per section):"

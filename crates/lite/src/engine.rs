@@ -104,16 +104,8 @@ pub struct LaneInfo {
     pub expires_at_us: u64,
 }
 
-/// A lane in the table.
-#[derive(Debug)]
-pub struct Lane {
-    pub parent: u32,
-    pub key: Box<str>,
-    pub next: u64,
-    pub last_pub_us: u64,
-    /// Index of the newest indexed entry ([`NONE`] before the first).
-    pub last_entry: u64,
-}
+pub use crate::table::Lane;
+use crate::table::LaneTable;
 
 /// A lane entry assigned but not yet written to sled.
 #[derive(Debug, Clone, Copy)]
@@ -162,8 +154,7 @@ pub struct Counters {
 
 #[derive(Default)]
 struct Table {
-    by_key: HashMap<u32, BTreeMap<Box<str>, u64>>,
-    lanes: HashMap<u64, Lane>,
+    lanes: LaneTable,
     next_id: u64,
     pending: Vec<Pending>,
     /// When to look at a lane's TTL again: second (Unix time) -> lanes. A lane is in it once
@@ -275,11 +266,11 @@ impl Engine {
         let parents_tree = index.tree("l_parents")?;
         let dir = lanes_dir(&store);
         // The journal's records go straight into the lane table and the group offsets.
-        let mut lanes: HashMap<u64, Lane> = HashMap::new();
+        let mut lanes = LaneTable::default();
         let mut commits = Commits::default();
         let (journal, loaded) = Journal::open(&dir, |r| match r {
             Rec::Lane(l) => {
-                lanes.insert(
+                lanes.insert_unindexed(
                     l.id,
                     Lane {
                         parent: l.parent,
@@ -291,7 +282,7 @@ impl Engine {
                 );
             }
             Rec::Gone(id) => {
-                lanes.remove(&id);
+                lanes.remove_unindexed(id);
                 for gid in commits.ids.values() {
                     commits.map.remove(&(id, *gid));
                 }
@@ -429,7 +420,7 @@ impl Engine {
             idx.entries.reset(0)?;
             idx.watermark = 0;
             let mut t = self.lock();
-            t.next_id = t.next_id.max(t.lanes.keys().max().map_or(0, |m| m + 1));
+            t.next_id = t.next_id.max(t.lanes.max_id().map_or(0, |m| m + 1));
             t.lanes.clear();
         } else {
             if report.cut > 0 {
@@ -438,32 +429,13 @@ impl Engine {
                     "lane entries after the last checkpoint cut (indexed again from the log)"
                 );
             }
-            // The key index per parent, built sorted (bulk) rather than key by key.
+            // The key index, built once the journal has said which lanes are live.
             let parents: std::collections::HashSet<u32> =
                 self.parents().iter().map(|p| p.id).collect();
             let mut t = self.lock();
-            let t = &mut *t;
-            let mut per: HashMap<u32, Vec<(Box<str>, u64)>> = HashMap::new();
-            let mut max_id = t.next_id;
-            for (id, l) in &t.lanes {
-                max_id = max_id.max(id + 1);
-                if parents.contains(&l.parent) {
-                    per.entry(l.parent).or_default().push((l.key.clone(), *id));
-                } else {
-                    orphans.push(*id);
-                }
-            }
-            for id in &orphans {
-                t.lanes.remove(id);
-            }
-            t.by_key = per
-                .into_iter()
-                .map(|(p, mut v)| {
-                    v.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                    (p, v.into_iter().collect::<BTreeMap<_, _>>())
-                })
-                .collect();
-            t.next_id = max_id;
+            let max_id = t.lanes.max_id().map_or(0, |m| m + 1);
+            t.next_id = t.next_id.max(max_id);
+            orphans = t.lanes.index_keys(&parents);
         }
         if legacy && !journaled {
             self.migrate_legacy(idx, &mut orphans)?;
@@ -494,15 +466,11 @@ impl Engine {
                         if h.kind != IndexHint::KIND_LANE {
                             continue;
                         }
-                        if !t.lanes.contains_key(&h.id) {
+                        if !t.lanes.contains(h.id) {
                             let Some((parent, key)) = self.match_parent(&r.topic) else {
                                 continue;
                             };
                             let key: Box<str> = key.into();
-                            t.by_key
-                                .entry(parent)
-                                .or_default()
-                                .insert(key.clone(), h.id);
                             t.lanes.insert(
                                 h.id,
                                 Lane {
@@ -515,7 +483,7 @@ impl Engine {
                             );
                             t.next_id = t.next_id.max(h.id + 1);
                         }
-                        let Some(l) = t.lanes.get_mut(&h.id) else {
+                        let Some(l) = t.lanes.get_mut(h.id) else {
                             continue;
                         };
                         if h.seq < l.next {
@@ -617,10 +585,6 @@ impl Engine {
                 continue;
             };
             let key: Box<str> = key.into();
-            t.by_key
-                .entry(parent)
-                .or_default()
-                .insert(key.clone(), lane);
             t.lanes.insert(
                 lane,
                 Lane {
@@ -689,11 +653,11 @@ impl Engine {
         let t = &mut *t;
         t.expiry.clear();
         let mut q: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for (id, l) in &t.lanes {
+        for (id, l) in t.lanes.iter() {
             let ttl_s = ttl.get(&l.parent).copied().unwrap_or(0);
             q.entry((l.last_pub_us / 1_000_000).saturating_add(ttl_s))
                 .or_default()
-                .push(*id);
+                .push(id);
         }
         t.expiry = q;
     }
@@ -776,8 +740,8 @@ impl Engine {
                 );
             };
             if rewrite {
-                for (id, l) in &t.lanes {
-                    put(*id, l);
+                for (id, l) in t.lanes.iter() {
+                    put(id, l);
                 }
                 let c = self.lock_commits();
                 for (name, gid) in &c.ids {
@@ -788,7 +752,7 @@ impl Engine {
                 }
             } else {
                 for id in &idx.dirty {
-                    if let Some(l) = t.lanes.get(id) {
+                    if let Some(l) = t.lanes.get(*id) {
                         put(*id, l);
                     }
                 }
@@ -872,9 +836,8 @@ impl Engine {
                     ),
                 };
             }
-            let lanes = t.by_key.get(&p.id);
-            let exists = lanes.is_some_and(|m| m.contains_key(key));
-            let count = lanes.map_or(0, |m| m.len() as u64);
+            let exists = t.lanes.find(p.id, key).is_some();
+            let count = t.lanes.count_of(p.id) as u64;
             if !exists && count >= p.def.max_lanes {
                 return Classified::Refused {
                     code: 0x97,
@@ -899,39 +862,34 @@ impl Engine {
         let mut t = self.lock();
         let t = &mut *t;
         let mut new = false;
-        let lane = match t.by_key.get(&parent).and_then(|m| m.get(key)) {
-            Some(&id) => id,
+        let existing = t.lanes.find(parent, key).and_then(|id| {
+            let l = t.lanes.get_mut(id)?;
+            let seq = l.next;
+            l.next += 1;
+            l.last_pub_us = now;
+            Some((id, seq))
+        });
+        let (lane, seq) = match existing {
+            Some(x) => x,
             None => {
                 let id = t.next_id;
                 t.next_id += 1;
                 let ttl_s = self.parent_by_id(parent).map_or(0, |p| p.def.ttl_s);
                 t.schedule(id, (now / 1_000_000).saturating_add(ttl_s));
-                let key: Box<str> = key.into();
-                t.by_key.entry(parent).or_default().insert(key.clone(), id);
                 t.lanes.insert(
                     id,
                     Lane {
                         parent,
-                        key,
-                        next: 0,
+                        key: key.into(),
+                        next: 1,
                         last_pub_us: now,
                         last_entry: NONE,
                     },
                 );
                 new = true;
-                id
+                (id, 0)
             }
         };
-        let l = t.lanes.entry(lane).or_insert_with(|| Lane {
-            parent,
-            key: key.into(),
-            next: 0,
-            last_pub_us: now,
-            last_entry: NONE,
-        });
-        let seq = l.next;
-        l.next += 1;
-        l.last_pub_us = now;
         t.pending.push(Pending {
             lane,
             seq,
@@ -974,7 +932,7 @@ impl Engine {
             let base = idx.entries.end();
             let mut add = Vec::with_capacity(done.len());
             for p in &done {
-                let Some(l) = t.lanes.get_mut(&p.lane) else {
+                let Some(l) = t.lanes.get_mut(p.lane) else {
                     continue;
                 };
                 let i = base + add.len() as u64;
@@ -1014,7 +972,7 @@ impl Engine {
             return Ok(Vec::new());
         }
         let mut idx = self.lock_idx();
-        let Some(last) = self.lock().lanes.get(&lane).map(|l| l.last_entry) else {
+        let Some(last) = self.lock().lanes.get(lane).map(|l| l.last_entry) else {
             return Ok(Vec::new());
         };
         let target = from.saturating_add(max as u64 - 1);
@@ -1037,7 +995,7 @@ impl Engine {
     /// The oldest offset of `lane` still in the index (`next` if none).
     fn first_seq(&self, lane: u64, next: u64) -> u64 {
         let mut idx = self.lock_idx();
-        let Some(last) = self.lock().lanes.get(&lane).map(|l| l.last_entry) else {
+        let Some(last) = self.lock().lanes.get(lane).map(|l| l.last_entry) else {
             return next;
         };
         let start = idx
@@ -1056,18 +1014,18 @@ impl Engine {
     pub fn lane(&self, lane: u64) -> Option<(u32, Box<str>, u64, u64)> {
         let t = self.lock();
         t.lanes
-            .get(&lane)
+            .get(lane)
             .map(|l| (l.parent, l.key.clone(), l.next, l.last_pub_us))
     }
 
     /// The lane id of `key` in `parent`.
     pub fn lane_id(&self, parent: u32, key: &str) -> Option<u64> {
-        self.lock().by_key.get(&parent)?.get(key).copied()
+        self.lock().lanes.find(parent, key)
     }
 
     /// Next offset of a lane (0 if unknown).
     pub fn next_offset(&self, lane: u64) -> u64 {
-        self.lock().lanes.get(&lane).map_or(0, |l| l.next)
+        self.lock().lanes.get(lane).map_or(0, |l| l.next)
     }
 
     /// Lanes of `parent` (all, or one by key) with messages that `group` has not committed:
@@ -1091,11 +1049,8 @@ impl Engine {
         let t = self.lock();
         let c = self.lock_commits();
         let gid = group.and_then(|g| c.ids.get(g).copied());
-        let Some(m) = t.by_key.get(&parent) else {
-            return Ok(Vec::new());
-        };
         let behind = |id: &u64| -> bool {
-            let Some(l) = t.lanes.get(id) else {
+            let Some(l) = t.lanes.get(*id) else {
                 return false;
             };
             if first_new.is_some_and(|e| l.last_entry == NONE || l.last_entry < e) {
@@ -1106,32 +1061,35 @@ impl Engine {
                 .unwrap_or(default);
             l.next > committed
         };
-        Ok(match sel {
-            LaneSel::All => m.values().filter(|id| behind(id)).copied().collect(),
-            LaneSel::One(k) => m
-                .get(k.as_str())
+        // Oldest lanes first (ids are given in creation order).
+        let mut out: Vec<u64> = match sel {
+            LaneSel::All => t.lanes.ids_of(parent).filter(|id| behind(id)).collect(),
+            LaneSel::One(k) => t
+                .lanes
+                .find(parent, k)
                 .filter(|id| behind(id))
-                .copied()
                 .into_iter()
                 .collect(),
-        })
+        };
+        out.sort_unstable();
+        Ok(out)
     }
 
     /// Lanes of `parent` (all, or one by key) that hold messages: `(lane id, next offset)`.
     pub fn lanes_of(&self, parent: u32, sel: &LaneSel) -> Vec<(u64, u64)> {
         let t = self.lock();
-        let Some(m) = t.by_key.get(&parent) else {
-            return Vec::new();
-        };
-        let next = |id: &u64| t.lanes.get(id).map_or(0, |l| l.next);
-        match sel {
-            LaneSel::All => m.values().map(|id| (*id, next(id))).collect(),
-            LaneSel::One(k) => m
-                .get(k.as_str())
-                .map(|id| (*id, next(id)))
+        let next = |id: u64| t.lanes.get(id).map_or(0, |l| l.next);
+        let mut out: Vec<(u64, u64)> = match sel {
+            LaneSel::All => t.lanes.ids_of(parent).map(|id| (id, next(id))).collect(),
+            LaneSel::One(k) => t
+                .lanes
+                .find(parent, k)
+                .map(|id| (id, next(id)))
                 .into_iter()
                 .collect(),
-        }
+        };
+        out.sort_unstable();
+        out
     }
 
     /// Number of lanes in the table.
@@ -1230,7 +1188,7 @@ impl Engine {
                 t.pending.iter().map(|p| p.lane).collect();
             let mut ids = Vec::new();
             for lane in due.into_values().flatten() {
-                let Some(l) = t.lanes.get(&lane) else {
+                let Some(l) = t.lanes.get(lane) else {
                     continue;
                 };
                 let at_s = match ttl.get(&l.parent) {
@@ -1247,10 +1205,7 @@ impl Engine {
             }
             ids.into_iter()
                 .filter_map(|id| {
-                    let l = t.lanes.remove(&id)?;
-                    if let Some(m) = t.by_key.get_mut(&l.parent) {
-                        m.remove(&l.key);
-                    }
+                    let l = t.lanes.remove(id)?;
                     Some(Expired {
                         lane: id,
                         parent: l.parent,
@@ -1283,7 +1238,7 @@ impl Engine {
     }
 
     fn info(&self, p: &Parent) -> ParentInfo {
-        let lanes = self.lock().by_key.get(&p.id).map_or(0, |m| m.len() as u64);
+        let lanes = self.lock().lanes.count_of(p.id) as u64;
         ParentInfo {
             def: p.def.clone(),
             lanes,
@@ -1407,14 +1362,7 @@ impl Engine {
         self.parents_tree.flush()?;
         let ids: Vec<u64> = {
             let mut t = self.lock();
-            let ids: Vec<u64> = t
-                .by_key
-                .remove(&old.id)
-                .map(|m| m.into_values().collect())
-                .unwrap_or_default();
-            for id in &ids {
-                t.lanes.remove(id);
-            }
+            let ids = t.lanes.remove_parent(old.id);
             let gone: std::collections::HashSet<u64> = ids.iter().copied().collect();
             t.pending.retain(|p| !gone.contains(&p.lane));
             ids
@@ -1461,21 +1409,13 @@ impl Engine {
             .ok_or_else(|| LiteError::NotFound(parent.into()))?;
         let rows: Vec<(u64, Box<str>, u64, u64)> = {
             let t = self.lock();
-            let Some(m) = t.by_key.get(&p.id) else {
-                return Ok((Vec::new(), false));
-            };
-            let range: Box<dyn Iterator<Item = (&Box<str>, &u64)>> = match after {
-                Some(a) => Box::new(
-                    m.range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
-                ),
-                None => Box::new(m.iter()),
-            };
-            range
-                .take(limit + 1)
-                .filter_map(|(_, id)| {
+            t.lanes
+                .page(p.id, after, limit.saturating_add(1))
+                .into_iter()
+                .filter_map(|id| {
                     t.lanes
                         .get(id)
-                        .map(|l| (*id, l.key.clone(), l.next, l.last_pub_us))
+                        .map(|l| (id, l.key.clone(), l.next, l.last_pub_us))
                 })
                 .collect()
         };
@@ -1504,10 +1444,10 @@ impl Engine {
             .ok_or_else(|| LiteError::NotFound(parent.into()))?;
         let row = {
             let t = self.lock();
-            t.by_key.get(&p.id).and_then(|m| m.get(key)).and_then(|id| {
+            t.lanes.find(p.id, key).and_then(|id| {
                 t.lanes
                     .get(id)
-                    .map(|l| (*id, l.key.clone(), l.next, l.last_pub_us))
+                    .map(|l| (id, l.key.clone(), l.next, l.last_pub_us))
             })
         };
         Ok(row.map(|(id, key, next, last)| {

@@ -10,6 +10,7 @@
 //! - [`model`]: the parent resource (serde, validation) and its pattern;
 //! - [`entries`]: the lane entry files (the index);
 //! - [`journal`]: the lane table as of the last checkpoint;
+//! - [`table`]: the lane table in memory (lanes by id, the key index);
 //! - [`verify`]: the offline check of the lane index against the log;
 //! - [`engine`]: the parent registry, the lane table, the index and the group offsets in sled.
 //!
@@ -20,6 +21,7 @@ pub mod engine;
 pub mod entries;
 pub mod journal;
 pub mod model;
+pub mod table;
 pub mod verify;
 
 pub use engine::{Engine, LaneInfo, LiteError, ParentInfo};
