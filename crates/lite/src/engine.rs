@@ -178,6 +178,8 @@ struct Idx {
     gone: Vec<u64>,
     /// Every lane hint of a record below it is in `entries`.
     watermark: u64,
+    /// The watermark of the last checkpoint in the journal.
+    journaled_watermark: u64,
     last_checkpoint: Instant,
     /// Per lane read deep into its past: offset -> entry index, every [`MARK_EVERY`] entries.
     marks: HashMap<u64, BTreeMap<u64, u64>>,
@@ -309,6 +311,7 @@ impl Engine {
             dirty: Default::default(),
             gone: Vec::new(),
             watermark: cp.watermark,
+            journaled_watermark: cp.watermark,
             last_checkpoint: Instant::now(),
             marks: HashMap::new(),
         };
@@ -709,11 +712,25 @@ impl Engine {
             let mut idx = self.lock_idx();
             let idx = &mut *idx;
             idx.last_checkpoint = Instant::now();
-            if !force && idx.dirty.is_empty() && idx.gone.is_empty() {
+            let committed = self.store.committed_offset();
+            let t = self.lock();
+            // With no entry pending below it, every lane record under `committed` is in the
+            // files (offsets are assigned under the append lock, before the commit): the
+            // watermark moves on when only plain records came, so that a restart does not
+            // read them again looking for lane hints.
+            let wm = t
+                .pending
+                .first()
+                .map_or(committed, |p| p.pos.min(committed));
+            idx.watermark = idx.watermark.max(wm);
+            if !force
+                && idx.dirty.is_empty()
+                && idx.gone.is_empty()
+                && idx.watermark == idx.journaled_watermark
+            {
                 return Ok(());
             }
             let (files, new_file) = idx.entries.take_unsynced();
-            let t = self.lock();
             // The table's next offset counts entries still pending; the journal keeps what is
             // in the files.
             let mut pending: HashMap<u64, u64> = HashMap::new();
@@ -794,6 +811,7 @@ impl Engine {
         // 4. Entries whose records left the log go with whole files.
         let first = self.store.first_offset();
         let mut idx = self.lock_idx();
+        idx.journaled_watermark = idx.journaled_watermark.max(cp.watermark);
         let below = idx.entries.seek_pos(first)?.min(cp.entries_end);
         if idx.entries.drop_files_below(below)? > 0 {
             let head = idx.entries.head();
@@ -1676,6 +1694,47 @@ mod tests {
         let (info, _) = e.list_lanes("agents", None, 10).unwrap();
         let a = info.iter().find(|l| l.lane == "a").unwrap();
         assert_eq!((a.first_offset, a.next_offset), (0, 3006));
+    }
+
+    #[test]
+    fn the_watermark_moves_past_plain_records_without_lane_changes() {
+        let f = Fixture::new("wm");
+        let e = f.engine();
+        f.publish(&e, "a");
+        index_all(&e);
+        e.checkpoint().unwrap();
+        let before = e.lock_idx().journaled_watermark;
+        for _ in 0..100 {
+            let rec = RecordIn {
+                qos: 1,
+                topic: "plain/x".into(),
+                client_id: "c".into(),
+                ..RecordIn::default()
+            };
+            f.store
+                .append_with(rec, |_, _| {}, Box::new(|_| {}))
+                .unwrap();
+        }
+        f.store.sync().unwrap();
+        // No lane changed, yet the checkpoint journals the new watermark...
+        e.checkpoint_now(false).unwrap();
+        let after = e.lock_idx().journaled_watermark;
+        assert_eq!(after, f.store.committed_offset());
+        assert!(after >= before + 100, "{before} -> {after}");
+        // ...once: with nothing new, nothing is written.
+        let len = e.lock_journal().len();
+        e.checkpoint_now(false).unwrap();
+        assert_eq!(e.lock_journal().len(), len);
+        // After a crash the journal holds it, so a restart reads none of the plain records.
+        drop(e);
+        let f = f.reopen();
+        let (_, loaded) = Journal::open(&lanes_dir(&f.store), |_| {}).unwrap();
+        assert_eq!(loaded.checkpoint.unwrap().watermark, after);
+        let e = f.engine();
+        assert_eq!(offsets(&e, "a", 0, 5), [0]);
+        f.publish(&e, "a");
+        index_all(&e);
+        assert_eq!(offsets(&e, "a", 0, 5), [0, 1]);
     }
 
     #[test]
