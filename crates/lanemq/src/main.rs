@@ -453,13 +453,36 @@ fn log_command(command: LogCommand) -> Result<()> {
                     println!("problem: lane index: {p}");
                 }
             }
-            if report.is_ok() && lanes.is_ok() {
+            let streams = lanemq_streams::verify::verify(&data_dir).with_context(|| {
+                format!(
+                    "cannot read the stream index in {}",
+                    data_dir.join("streams").display()
+                )
+            })?;
+            if streams.streams > 0 {
+                println!(
+                    "{}: {} regular streams, {} entries, {} matched with their records; {} \
+                     entries of records retention removed, {} past the last checkpoint \
+                     (indexed again at start), {} matching records after the watermark",
+                    data_dir.join("streams").display(),
+                    streams.streams,
+                    streams.entries,
+                    streams.matched,
+                    streams.of_deleted_records,
+                    streams.past_end,
+                    streams.not_indexed_yet
+                );
+                for p in &streams.problems {
+                    println!("problem: stream index: {p}");
+                }
+            }
+            if report.is_ok() && lanes.is_ok() && streams.is_ok() {
                 println!("ok");
                 Ok(())
             } else {
                 anyhow::bail!(
                     "{} problem(s) found",
-                    report.problems.len() + lanes.problems.len()
+                    report.problems.len() + lanes.problems.len() + streams.problems.len()
                 )
             }
         }

@@ -62,7 +62,7 @@ impl RawEntry {
         out.extend_from_slice(&[0, 0, 0]);
     }
 
-    fn decode(b: &[u8]) -> Option<RawEntry> {
+    pub(crate) fn decode(b: &[u8]) -> Option<RawEntry> {
         Some(RawEntry {
             offset: u64::from_be_bytes(b.get(0..8)?.try_into().ok()?),
             ts_us: u64::from_be_bytes(b.get(8..16)?.try_into().ok()?),

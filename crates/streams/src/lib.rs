@@ -9,7 +9,8 @@
 //! - [`filter_index`]: which streams match a topic, without scanning every stream;
 //! - [`subscribe`]: parsing `$stream/...` / `$s/...` subscriptions and `stream-offset`;
 //! - [`entries`]: a regular stream's index, a dense run of 24-byte entries in files of its own;
-//! - [`engine`]: the registry in sled, the indexer that follows the log, retention, readers.
+//! - [`engine`]: the registry in sled, the indexer that follows the log, retention, readers;
+//! - [`verify`]: the offline check of the regular streams' entry files against the log.
 
 pub mod engine;
 pub mod entries;
@@ -17,6 +18,7 @@ pub mod filter_index;
 pub mod keyexpr;
 pub mod model;
 pub mod subscribe;
+pub mod verify;
 
 pub use model::{
     GlobalSettings, Limit, Limits, SpecDuration, StreamDef, StreamError, StreamInfo, StreamStats,
