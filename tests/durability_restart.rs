@@ -652,3 +652,41 @@ async fn log_verify_after_run() {
     );
     println!("log verify: {}", text.trim());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_3_1_3_2_2_delayed_will_cancelled_by_reconnect_after_a_restart() {
+    use lanemq_protocol::{Will, WillProperties};
+    let mut b = Broker::start("dr-willdelay", ALWAYS).await;
+    // A watcher with a persistent session, so a will published while it is away is kept.
+    let mut w = RawClient::connect_ok(b.addr, persistent("dr-wd-watch", 3600)).await;
+    w.subscribe("dr/wd/#", QoS::AtLeastOnce).await;
+    w.disconnect().await;
+    // The client goes away without DISCONNECT: its will is due in 4 s.
+    let mut c = persistent("dr-wd", 3600);
+    c.will = Some(Will {
+        topic: "dr/wd/will".into(),
+        payload: bytes::Bytes::from_static(b"must-not-come"),
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        properties: WillProperties {
+            will_delay_interval: Some(4),
+            ..Default::default()
+        },
+    });
+    let c = RawClient::connect_ok(b.addr, c).await;
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    graceful_restart(&mut b).await;
+    // Back within the delay, after the restart [MQTT-3.1.3-9]: the will is never published.
+    let (c, ack) = RawClient::connect_ack(b.addr, persistent("dr-wd", 3600)).await;
+    assert!(ack.session_present);
+    tokio::time::sleep(Duration::from_millis(5_000)).await;
+    let (mut w, ack) = RawClient::connect_ack(b.addr, persistent("dr-wd-watch", 3600)).await;
+    assert!(ack.session_present);
+    let got = collect(&mut w, 500, 10).await;
+    assert!(
+        got.is_empty(),
+        "the delayed will was published although the client came back: {got:?}"
+    );
+    c.disconnect().await;
+}

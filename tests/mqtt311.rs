@@ -329,3 +329,60 @@ async fn mqtt31_mqisdp_level_3_accepted() {
     c.publish_qos1("v31/t", b"x").await;
     assert_eq!(&c.recv_publish_ack().await.payload[..], b"x");
 }
+
+#[tokio::test]
+async fn mqtt311_3_2_2_2_session_present_0_after_a_clean_session_even_at_once() {
+    let srv = TestServer::default().await;
+    let mut old = stalled(srv.addr, conn("c311f", true), "fill/c311f", &["c311f/t"]).await;
+    old.send(Packet::Disconnect(lanemq_protocol::Disconnect::new(0)))
+        .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // [MQTT-3.1.2-6] the clean session ended with its connection, although that connection
+    // is still closing [MQTT-3.2.2-2].
+    let (mut c, ack) = RawClient::connect_ack(srv.addr, conn("c311f", false)).await;
+    assert!(!ack.session_present);
+    let mut publ = srv.v311("c311f-pub").await;
+    publ.publish_qos1("c311f/t", b"x").await;
+    c.expect_nothing(QUIET_MS).await;
+    c.disconnect().await;
+    drop(old);
+}
+
+#[tokio::test]
+async fn mqtt31_3_1_3_empty_client_id_is_rejected_with_rc_2() {
+    let srv = TestServer::default().await;
+    let mut c = conn("", true);
+    c.protocol = ProtocolVersion::V31;
+    // MQTT 3.1 (protocol name MQIsdp) requires a client id of 1 to 23 characters; clean
+    // session or not, an empty one gets CONNACK 2 (identifier rejected).
+    let (mut c, first) = RawClient::connect(srv.addr, c).await;
+    match first {
+        Ok(Packet::ConnAck(a)) => assert_eq!(
+            a.reason_code,
+            lanemq_protocol::reason::CLIENT_IDENTIFIER_NOT_VALID
+        ),
+        other => panic!("expected CONNACK 0x02, got {other:?}"),
+    }
+    c.expect_closed().await;
+    // A non-empty one is fine.
+    let mut ok = conn("v31-client", true);
+    ok.protocol = ProtocolVersion::V31;
+    let (c, ack) = RawClient::connect_ack(srv.addr, ok).await;
+    assert!(!ack.session_present);
+    c.disconnect().await;
+}
+
+#[tokio::test]
+async fn mqtt311_4_3_wrong_kind_of_acknowledgement_closes_the_connection() {
+    let srv = TestServer::default().await;
+    let mut sub = srv.v311("wrongack").await;
+    sub.subscribe("wrongack/t", QoS::AtLeastOnce).await;
+    let mut publ = srv.v311("wrongack-p").await;
+    publ.publish_qos1("wrongack/t", b"x").await;
+    let got = sub.recv_publish().await;
+    assert_eq!(got.qos, QoS::AtLeastOnce);
+    // PUBREC for a QoS 1 message: a protocol violation; MQTT 3.1.1 closes the connection.
+    sub.send(Packet::PubRec(PubResp::new(got.packet_id, 0)))
+        .await;
+    sub.expect_closed().await;
+}

@@ -254,3 +254,39 @@ async fn mqtt5_3_1_3_1_authentication_method_unsupported() {
     }
     c.expect_closed().await;
 }
+
+#[tokio::test]
+async fn mqtt5_3_1_2_24_no_connack_over_the_clients_maximum_packet_size() {
+    let mut cfg = config();
+    cfg.mqtt.response_information = Some("reply/{client_id}".into());
+    let srv = TestServer::start(cfg).await;
+    // What a CONNACK with the optional Response Information costs.
+    let mut want = connect_v5("mps-probe");
+    want.properties.request_response_information = Some(true);
+    let (c, full) = RawClient::connect_ack(srv.addr, want).await;
+    assert!(full.properties.response_information.is_some());
+    let full_len =
+        lanemq_protocol::encoded_len(&Packet::ConnAck(full.clone()), ProtocolVersion::V5);
+    c.disconnect().await;
+    // A limit just below that: the optional property is left out, the CONNACK fits.
+    let mut tight = connect_v5("mps-tight");
+    tight.properties.request_response_information = Some(true);
+    tight.properties.maximum_packet_size = Some((full_len - 1) as u32);
+    let (c, ack) = RawClient::connect_ack(srv.addr, tight).await;
+    assert_eq!(ack.properties.response_information, None);
+    assert!(
+        lanemq_protocol::encoded_len(&Packet::ConnAck(ack), ProtocolVersion::V5) < full_len,
+        "[MQTT-3.1.2-24]"
+    );
+    c.disconnect().await;
+    // A limit below any CONNACK: none is sent [MQTT-3.1.2-24]; the connection closes.
+    let mut tiny = connect_v5("mps-tiny");
+    tiny.properties.maximum_packet_size = Some(8);
+    let (mut c, first) = RawClient::connect(srv.addr, tiny).await;
+    assert!(
+        matches!(first, Err(RecvError::Closed)),
+        "expected the connection closed without a CONNACK, got {first:?}"
+    );
+    c.expect_closed().await;
+    srv.assert_alive().await;
+}

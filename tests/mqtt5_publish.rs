@@ -469,3 +469,68 @@ async fn mqtt5_4_6_0_ordered_delivery_qos1() {
         assert_eq!(&got.payload[..], &[i], "[MQTT-4.6.0-6] order per topic");
     }
 }
+
+/// A subscriber at `qos` holding one delivery of that QoS (not yet acknowledged).
+async fn holding(srv: &TestServer, id: &str, qos: QoS) -> (RawClient, u16) {
+    let topic = format!("{id}/t");
+    let mut sub = srv.v5(id).await;
+    sub.subscribe(&topic, qos).await;
+    let mut p = srv.v5("").await;
+    let pid = p.next_pid();
+    p.publish_acked(publish(&topic, qos, pid, b"x")).await;
+    let got = sub.recv_publish().await;
+    assert_eq!(got.qos, qos);
+    (sub, got.packet_id)
+}
+
+#[tokio::test]
+async fn mqtt5_4_13_pubrec_for_a_qos1_message_is_a_protocol_error() {
+    let srv = TestServer::default().await;
+    let (mut sub, pid) = holding(&srv, "ack-rec1", QoS::AtLeastOnce).await;
+    sub.send(Packet::PubRec(PubResp::new(pid, 0))).await;
+    sub.expect_disconnect(rc::PROTOCOL_ERROR).await;
+}
+
+#[tokio::test]
+async fn mqtt5_4_13_pubcomp_for_a_qos1_message_is_a_protocol_error() {
+    let srv = TestServer::default().await;
+    let (mut sub, pid) = holding(&srv, "ack-comp1", QoS::AtLeastOnce).await;
+    sub.send(Packet::PubComp(PubResp::new(pid, 0))).await;
+    sub.expect_disconnect(rc::PROTOCOL_ERROR).await;
+}
+
+#[tokio::test]
+async fn mqtt5_4_13_puback_for_a_qos2_message_is_a_protocol_error() {
+    let srv = TestServer::default().await;
+    let (mut sub, pid) = holding(&srv, "ack-ack2", QoS::ExactlyOnce).await;
+    sub.send(Packet::PubAck(PubResp::new(pid, 0))).await;
+    sub.expect_disconnect(rc::PROTOCOL_ERROR).await;
+}
+
+#[tokio::test]
+async fn mqtt5_4_13_pubcomp_before_pubrel_is_a_protocol_error() {
+    let srv = TestServer::default().await;
+    let (mut sub, pid) = holding(&srv, "ack-comp2", QoS::ExactlyOnce).await;
+    // No PUBREC yet, so the broker has sent no PUBREL.
+    sub.send(Packet::PubComp(PubResp::new(pid, 0))).await;
+    sub.expect_disconnect(rc::PROTOCOL_ERROR).await;
+}
+
+#[tokio::test]
+async fn mqtt5_4_3_3_repeated_pubrec_and_unknown_ids_are_not_errors() {
+    let srv = TestServer::default().await;
+    let (mut sub, pid) = holding(&srv, "ack-ok2", QoS::ExactlyOnce).await;
+    sub.send(Packet::PubRec(PubResp::new(pid, 0))).await;
+    assert!(matches!(sub.recv().await, Packet::PubRel(r) if r.packet_id == pid));
+    // A PUBREC again (the PUBREL may have been lost): the PUBREL again.
+    sub.send(Packet::PubRec(PubResp::new(pid, 0))).await;
+    assert!(matches!(sub.recv().await, Packet::PubRel(r) if r.packet_id == pid));
+    sub.send(Packet::PubComp(PubResp::new(pid, 0))).await;
+    // Acknowledgements for ids not in flight are ignored (or answered with 0x92).
+    sub.send(Packet::PubAck(PubResp::new(pid.wrapping_add(7), 0)))
+        .await;
+    sub.send(Packet::PubComp(PubResp::new(pid.wrapping_add(8), 0)))
+        .await;
+    srv.assert_alive().await;
+    sub.expect_nothing(QUIET_MS).await;
+}

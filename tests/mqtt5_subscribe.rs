@@ -343,3 +343,42 @@ async fn mqtt5_3_3_2_3_3_retained_message_expiry() {
     assert!((28..=29).contains(&left), "remaining {left}");
     a.expect_nothing(QUIET_MS).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt5_3_3_1_3_retained_publish_racing_a_subscribe_arrives_once() {
+    use lanemq_protocol::{Subscribe, SubscribeFilter, SubscribeProperties};
+    let srv = TestServer::default().await;
+    let mut publ = srv.v5("race-pub").await;
+    for i in 0..150u32 {
+        let topic = format!("race/{i}");
+        let mut sub = srv.v5(&format!("race-sub-{i}")).await;
+        let mut p = publish(&topic, QoS::AtMostOnce, 0, b"r");
+        p.retain = true;
+        let s = Packet::Subscribe(Subscribe {
+            packet_id: 1,
+            filters: vec![SubscribeFilter {
+                filter: topic.clone(),
+                options: sub_opts(QoS::AtMostOnce),
+            }],
+            properties: SubscribeProperties::default(),
+        });
+        // The retained PUBLISH and the SUBSCRIBE reach the broker at the same moment: the
+        // subscription gets the message once, as the retained copy or live, never both.
+        tokio::join!(publ.send(Packet::Publish(p)), sub.send(s));
+        let (mut copies, mut subacks) = (0, 0);
+        loop {
+            match sub.try_recv(Duration::from_millis(50)).await {
+                Ok(Packet::Publish(_)) => copies += 1,
+                Ok(Packet::SubAck(_)) => subacks += 1,
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(_) => break,
+            }
+        }
+        assert_eq!(subacks, 1, "round {i}");
+        assert_eq!(
+            copies, 1,
+            "round {i}: the retained message arrived {copies} times"
+        );
+        sub.disconnect().await;
+    }
+}

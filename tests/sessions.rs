@@ -337,3 +337,82 @@ async fn mqtt5_3_1_2_5_will_retain() {
     );
     assert_eq!(&got.payload[..], b"retained-will");
 }
+
+#[tokio::test]
+async fn mqtt5_3_2_2_1_1_session_present_0_after_alternating_clean_start() {
+    let srv = TestServer::default().await;
+    let (c, ack) = RawClient::connect_ack(srv.addr, conn("alt", Some(60), false)).await;
+    assert!(!ack.session_present);
+    c.disconnect().await;
+    // Clean Start 1 with Session Expiry 0: the old session is discarded, and the new one
+    // ends with its connection...
+    let mut old = stalled(srv.addr, conn("alt", None, true), "fill/alt", &[]).await;
+    old.send(Packet::Disconnect(lanemq_protocol::Disconnect::new(0)))
+        .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // ... so Clean Start 0 right after finds no session, although the old connection is
+    // still closing [MQTT-3.2.2-3].
+    let (c, ack) = RawClient::connect_ack(srv.addr, conn("alt", Some(60), false)).await;
+    assert!(!ack.session_present, "[MQTT-3.2.2-3]");
+    c.disconnect().await;
+    drop(old);
+}
+
+#[tokio::test]
+async fn mqtt5_3_2_2_1_1_session_present_0_after_disconnect_with_session_expiry_0() {
+    let srv = TestServer::default().await;
+    let mut old = stalled(srv.addr, conn("dz", Some(60), false), "fill/dz", &["dz/t"]).await;
+    // [MQTT-3.14.2.2.2] the DISCONNECT sets the expiry to 0: the session ends with it.
+    let mut d = lanemq_protocol::Disconnect::new(0);
+    d.properties.session_expiry_interval = Some(0);
+    old.send(Packet::Disconnect(d)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (mut c, ack) = RawClient::connect_ack(srv.addr, conn("dz", Some(60), false)).await;
+    assert!(!ack.session_present, "[MQTT-3.2.2-3]");
+    let mut p = srv.v5("").await;
+    p.publish_qos1("dz/t", b"to-nobody").await;
+    c.expect_nothing(QUIET_MS).await;
+    c.disconnect().await;
+    drop(old);
+}
+
+#[tokio::test]
+async fn mqtt5_3_1_2_4_take_over_of_a_clean_session_starts_a_new_session() {
+    let srv = TestServer::default().await;
+    // A live connection whose session ends with it (Session Expiry 0).
+    let mut a = RawClient::connect_ok(srv.addr, conn("tko", None, true)).await;
+    a.subscribe("tko/t", QoS::AtLeastOnce).await;
+    // Another connection with the same client id and Clean Start 0: the old connection ends,
+    // and with it its session [MQTT-3.1.4-3]: nothing to resume.
+    let (mut b, ack) = RawClient::connect_ack(srv.addr, conn("tko", Some(60), false)).await;
+    assert!(!ack.session_present, "[MQTT-3.2.2-3]");
+    a.expect_disconnect(rc::SESSION_TAKEN_OVER).await;
+    let mut p = srv.v5("").await;
+    p.publish_qos1("tko/t", b"old-subscription").await;
+    b.expect_nothing(QUIET_MS).await;
+    // A session with an expiry is resumed by a take-over as before.
+    let (_c, ack) = RawClient::connect_ack(srv.addr, conn("tko", Some(60), false)).await;
+    assert!(ack.session_present);
+    b.expect_disconnect(rc::SESSION_TAKEN_OVER).await;
+}
+
+#[tokio::test]
+async fn mqtt5_3_1_3_2_2_delayed_will_cancelled_by_reconnect_before_the_old_connection_closed() {
+    let srv = TestServer::default().await;
+    let mut w = watcher(&srv, "willrace/#").await;
+    let mut c = conn("wrace", Some(60), true);
+    c.will = Some(will("willrace/wrace", "must-not-come", Some(2)));
+    let mut old = stalled(srv.addr, c, "fill/wrace", &[]).await;
+    // Half-close: the broker reads EOF (a close that publishes the will) but cannot flush.
+    tokio::io::AsyncWriteExt::shutdown(&mut old.stream)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (c, ack) = RawClient::connect_ack(srv.addr, conn("wrace", Some(60), false)).await;
+    assert!(ack.session_present);
+    // [MQTT-3.1.3-9] a new connection to the session came within the delay: no will, not
+    // when the old connection finishes closing, nor after the delay.
+    w.expect_nothing(3_000).await;
+    c.disconnect().await;
+    drop(old);
+}

@@ -490,6 +490,26 @@ impl RawClient {
     }
 }
 
+/// Connect `c` over a socket that does not read, and fill the broker's writes to it (about
+/// 12 MB of QoS 0 messages on `fill_topic`): when this connection closes, the broker's last
+/// flush to it waits for its flush timeout, so a client that comes back at once finds the old
+/// connection still closing (the window where session state used to be misread).
+/// `subs` are subscribed (QoS 1) before the flood.
+pub async fn stalled(addr: SocketAddr, c: Connect, fill_topic: &str, subs: &[&str]) -> RawClient {
+    let mut old = RawClient::connect_small_rcvbuf(addr, c).await;
+    for f in subs {
+        old.subscribe(f, QoS::AtLeastOnce).await;
+    }
+    old.subscribe(fill_topic, QoS::AtMostOnce).await;
+    let mut p = RawClient::connect_ok(addr, connect_v5("")).await;
+    let big = vec![b'x'; 60_000];
+    for _ in 0..200 {
+        p.publish_qos0(fill_topic, &big).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    old
+}
+
 /// Wait until `f` is true (polling every 10 ms) or `ms` passed; returns the final value.
 pub async fn eventually(ms: u64, mut f: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(ms);

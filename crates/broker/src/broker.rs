@@ -226,7 +226,10 @@ impl Broker {
     }
 
     /// Find or create the session for a CONNECT. With `clean_start` any existing session is
-    /// ended first. Returns the session and whether an existing one was resumed.
+    /// ended first; so is one that ends with its connection (Session Expiry 0, an MQTT 3.1.1
+    /// clean session, or a DISCONNECT that set the expiry to 0), even while that connection
+    /// is still closing or is being taken over [MQTT-3.1.2-23, MQTT-3.2.2-3]. Returns the
+    /// session and whether an existing one was resumed (Session Present).
     pub fn open_session(
         &self,
         client_id: &str,
@@ -235,7 +238,11 @@ impl Broker {
     ) -> (Arc<Session>, bool) {
         let mut map = self.sessions_lock();
         if let Some(existing) = map.get(client_id).cloned() {
-            if !clean_start {
+            let resumable = !clean_start && {
+                let st = existing.lock();
+                !st.ended && st.expiry_s > 0
+            };
+            if resumable {
                 return (existing, true);
             }
             map.remove(client_id);
@@ -324,6 +331,20 @@ impl Broker {
     }
 
     pub fn add_subscription(&self, session: &Arc<Session>, full_filter: &str, sub: Subscriber) {
+        self.add_subscription_retained(session, full_filter, sub, false);
+    }
+
+    /// Add a subscription and, with `want_retained`, take the retained messages its filter
+    /// matches in the same step, under the router's write lock: a retained PUBLISH racing
+    /// with the SUBSCRIBE reaches it once, from the table or live, never both
+    /// ([`Broker::deliver_with`] holds the read lock from the table update to the route).
+    pub fn add_subscription_retained(
+        &self,
+        session: &Arc<Session>,
+        full_filter: &str,
+        sub: Subscriber,
+        want_retained: bool,
+    ) -> Vec<Arc<Message>> {
         let (group, inner) = split_share(full_filter);
         if let (Some(g), Some((parent, sel))) = (group, self.lite.lane_filter(inner)) {
             // A lane group (restored or new without `lane-offset`): not in the router.
@@ -339,12 +360,15 @@ impl Broker {
                     sub_id: sub.sub_id,
                     start: None,
                 })));
-            return;
+            return Vec::new();
         }
-        self.router
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .subscribe(group, inner, sub);
+        let mut router = self.router.write().unwrap_or_else(|e| e.into_inner());
+        router.subscribe(group, inner, sub);
+        if want_retained {
+            self.retained_matching(inner)
+        } else {
+            Vec::new()
+        }
     }
 
     pub fn remove_subscription(&self, session: &Arc<Session>, full_filter: &str) -> bool {
@@ -452,14 +476,19 @@ impl Broker {
                 self.persist.submit(op);
             }
         };
+        // The router's read lock is held from the retained-table update to the route, and a
+        // subscription takes its retained messages under the write lock
+        // ([`Broker::add_subscription_retained`]): a new subscription gets a retained
+        // message either from the table or live, never both.
+        let router = self.router.read().unwrap_or_else(|e| e.into_inner());
+        let mut retain_op = None;
         if msg.retain {
             let mut r = self.retained.write().unwrap_or_else(|e| e.into_inner());
             if msg.payload.is_empty() {
                 if r.remove(&msg.topic)
                     .is_some_and(|old| old.offset != NOT_STORED)
                 {
-                    effects = true;
-                    submit(Op::Retain {
+                    retain_op = Some(Op::Retain {
                         topic: msg.topic.clone(),
                         offset: None,
                     });
@@ -467,8 +496,7 @@ impl Broker {
             } else if self.config.mqtt.retain_available {
                 r.insert(msg.topic.clone(), msg.clone());
                 if stored {
-                    effects = true;
-                    submit(Op::Retain {
+                    retain_op = Some(Op::Retain {
                         topic: msg.topic.clone(),
                         offset: Some(msg.offset),
                     });
@@ -476,12 +504,12 @@ impl Broker {
             }
         }
         let mut targets: Vec<Target> = Vec::new();
-        self.router.read().unwrap_or_else(|e| e.into_inner()).route(
-            &msg.topic,
-            &msg.publisher,
-            msg.qos,
-            &mut targets,
-        );
+        router.route(&msg.topic, &msg.publisher, msg.qos, &mut targets);
+        drop(router);
+        if let Some(op) = retain_op {
+            effects = true;
+            submit(op);
+        }
         let ingested = Ingested {
             matched: !targets.is_empty(),
         };

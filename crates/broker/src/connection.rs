@@ -401,7 +401,11 @@ impl Conn {
                 "authentication failed"
             );
             reject = Some(rc::BAD_USER_NAME_OR_PASSWORD);
-        } else if c.client_id.is_empty() && !v5 && !c.clean_start {
+        } else if c.client_id.is_empty()
+            && (version == ProtocolVersion::V31 || (!v5 && !c.clean_start))
+        {
+            // MQTT 3.1 requires a client id of 1 to 23 characters (CONNACK rc 2); 3.1.1 one
+            // for a persistent session [MQTT-3.1.3-8].
             reject = Some(rc::CLIENT_IDENTIFIER_NOT_VALID);
         } else if let Some(w) = &c.will {
             if !topic::valid_topic_name(&w.topic) {
@@ -483,6 +487,37 @@ impl Conn {
             }
         }
 
+        // The CONNACK must fit the client's Maximum Packet Size too [MQTT-3.1.2-24]: the
+        // optional properties go first; a client whose limit is below even that gets no
+        // CONNACK, and the connection closes (before any session is touched).
+        if let Some(max) = c.properties.maximum_packet_size.filter(|_| v5) {
+            let size = |props: &ConnAckProperties| {
+                lanemq_protocol::encoded_len(
+                    &Packet::ConnAck(ConnAck {
+                        session_present: false,
+                        reason_code: rc::SUCCESS,
+                        properties: props.clone(),
+                    }),
+                    version,
+                )
+            };
+            let max = usize::try_from(max).unwrap_or(usize::MAX);
+            if size(&props) > max {
+                props.reason_string = None;
+                props.user_properties.clear();
+                props.response_information = None;
+            }
+            if size(&props) > max {
+                warn!(
+                    client_id = %client_id,
+                    %peer,
+                    maximum_packet_size = max,
+                    connack_bytes = size(&props),
+                    "the client's Maximum Packet Size is smaller than the CONNACK; closing"
+                );
+                return Ok(None);
+            }
+        }
         let limits = broker.queue_limits();
         let (session, resumed) = broker.open_session(&client_id, c.clean_start, || {
             Session::new(client_id.clone(), version, limits)
@@ -679,6 +714,22 @@ impl Conn {
     }
 
     /// Build an outbound PUBLISH; returns it and the topic whose alias was newly assigned.
+    /// An acknowledgement from the client for packet id `pid`: if a delivery with that id is
+    /// in flight, its stage must be one of `allowed` (a PUBREC for a QoS 1 message, a PUBACK
+    /// for a QoS 2 one or a PUBCOMP before the PUBREL is a protocol error, MQTT 5 4.13: the
+    /// connection ends, with DISCONNECT 0x82 for MQTT 5). An id not in flight is left to the
+    /// caller (ignored, or answered with 0x92).
+    fn expect_stage(&self, pid: u16, allowed: &[InflightStage]) -> Result<(), Close> {
+        let st = self.session.lock();
+        match st.inflight.iter().find(|f| f.packet_id == pid) {
+            Some(f) if !allowed.contains(&f.stage) => {
+                debug!(pid, stage = ?f.stage, "acknowledgement of the wrong kind");
+                Err(Close::error(rc::PROTOCOL_ERROR))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn build_publish(
         &mut self,
         d: &Delivery,
@@ -983,6 +1034,8 @@ impl Conn {
                 self.on_publish(p)
             }
             Packet::PubAck(r) => {
+                // PUBACK for a QoS 2 delivery in flight [MQTT-4.13]: a protocol error.
+                self.expect_stage(r.packet_id, &[InflightStage::PubAck])?;
                 let done = self
                     .session
                     .lock()
@@ -1000,6 +1053,12 @@ impl Conn {
                 Ok(())
             }
             Packet::PubRec(r) => {
+                // PUBREC for a QoS 1 delivery in flight: a protocol error (a repeated PUBREC
+                // after our PUBREL is answered with the PUBREL again).
+                self.expect_stage(
+                    r.packet_id,
+                    &[InflightStage::PubRec, InflightStage::PubComp],
+                )?;
                 let mut st = self.session.lock();
                 let pos = st
                     .inflight
@@ -1046,6 +1105,8 @@ impl Conn {
                 Ok(())
             }
             Packet::PubComp(r) => {
+                // PUBCOMP for a QoS 1 delivery, or before our PUBREL: a protocol error.
+                self.expect_stage(r.packet_id, &[InflightStage::PubComp])?;
                 let done = self
                     .session
                     .lock()
@@ -1602,7 +1663,9 @@ impl Conn {
                 .subscriptions
                 .insert(f.filter.clone(), Subscription { options, sub_id })
                 .is_some();
-            self.broker.add_subscription(
+            let send_retained = group.is_none()
+                && (options.retain_handling == 0 || (options.retain_handling == 1 && !existed));
+            let matching = self.broker.add_subscription_retained(
                 &self.session,
                 &f.filter,
                 Subscriber {
@@ -1610,6 +1673,7 @@ impl Conn {
                     options,
                     sub_id,
                 },
+                send_retained,
             );
             if self.persistent() {
                 let t = self.broker.persist.submit(Op::SubPut {
@@ -1620,22 +1684,18 @@ impl Conn {
                 sub_ticket = Some(t);
             }
             codes.push(qos.as_u8());
-            let send_retained = group.is_none()
-                && (options.retain_handling == 0 || (options.retain_handling == 1 && !existed));
-            if send_retained {
-                for m in self.broker.retained_matching(inner) {
-                    let q = m.qos.min(qos);
-                    retained.push(Delivery {
-                        msg: m,
-                        qos: q,
-                        retain: true,
-                        sub_ids: sub_id.into_iter().collect(),
-                        share: None,
-                        seq: 0,
-                        stream: None,
-                        lane: None,
-                    });
-                }
+            for m in matching {
+                let q = m.qos.min(qos);
+                retained.push(Delivery {
+                    msg: m,
+                    qos: q,
+                    retain: true,
+                    sub_ids: sub_id.into_iter().collect(),
+                    share: None,
+                    seq: 0,
+                    stream: None,
+                    lane: None,
+                });
             }
         }
         if let Some(t) = sub_ticket {
@@ -1970,17 +2030,19 @@ impl Conn {
             .clients_connected
             .fetch_sub(1, Ordering::Relaxed);
 
-        let taken_over = matches!(close.reason, Some(rc::SESSION_TAKEN_OVER));
-        let (still_ours, expiry) = {
+        let (still_ours, resumed_elsewhere, expiry) = {
             let mut st = self.session.lock();
             if !st.ended && st.generation == self.generation {
                 self.session.set_online(&mut st, false);
                 st.waker = None;
-                (true, st.expiry_s)
+                (true, false, st.expiry_s)
             } else {
-                (false, 0)
+                (false, !st.ended, 0)
             }
         };
+        // A new connection to this session (a take-over, or a reconnect that came before
+        // this connection finished closing) cancels a delayed will [MQTT-3.1.3-9].
+        let taken_over = matches!(close.reason, Some(rc::SESSION_TAKEN_OVER)) || resumed_elsewhere;
         debug!(peer = %self.peer, will = close.will, "client disconnected");
         let broker = self.broker.clone();
         if still_ours {
