@@ -242,16 +242,17 @@ impl LaneTable {
     }
 
     /// Up to `limit` lane ids of `parent` whose keys come strictly after `after`, in key
-    /// order. Costs one pass over the parent's lanes (a bounded heap of `limit` keys).
+    /// order. Costs one pass over the lane map (a bounded heap of `limit` keys).
     pub fn page(&self, parent: u32, after: Option<&str>, limit: usize) -> Vec<u64> {
         if limit == 0 {
             return Vec::new();
         }
         let mut heap: BinaryHeap<(&str, u64)> = BinaryHeap::with_capacity(limit + 1);
-        for id in self.ids_of(parent) {
-            let Some(l) = self.lanes.get(&id) else {
+        // One sequential pass over the lane map (no lookup per id).
+        for (&id, l) in &self.lanes {
+            if l.parent != parent {
                 continue;
-            };
+            }
             let key = &*l.key;
             if after.is_some_and(|a| key <= a) {
                 continue;
