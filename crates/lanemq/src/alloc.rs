@@ -64,8 +64,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// first 1 GiB arena is reserved before `main`, so the option cannot be changed in time).
 /// With THP in `madvise` mode (Debian's default) a burst then faults in 2 MiB pages that a
 /// purge of some 4 KiB pages does not give back: measured on 5,000 offline sessions with
-/// 1 M queued messages, broker RSS at start 79 MiB against 49 MiB without THP, 39 B against
-/// 20 B per queued message, and 507 MiB against 275 MiB after the queues drained
+/// 1 M queued messages, broker RSS at start 77 MiB against 48 MiB without THP, 39 B against
+/// 20 B per queued message, and 495 MiB against 269 MiB after the queues drained
 /// (docs/benchmarks.md). `PR_SET_THP_DISABLE` turns huge pages off for every later page
 /// fault of the process, the arena's included. Call it first thing in `main`.
 #[allow(unsafe_code)]
