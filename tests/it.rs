@@ -10,6 +10,7 @@ mod common;
 mod child;
 
 mod admin_api;
+mod config_cli;
 mod durability_restart;
 mod flow_control;
 mod kill9;

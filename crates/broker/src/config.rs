@@ -1,8 +1,10 @@
 //! Broker configuration: the typed form of `etc/lanemq.toml`.
 //!
 //! Every key has a default, so an empty file is a valid configuration; unknown keys are
-//! rejected (`deny_unknown_fields`), and [`Config::validate`] reports every semantic error at
-//! once, before anything starts. Names carry their unit (`_ms`, `_s`, `_bytes`).
+//! rejected (`deny_unknown_fields`). [`Config::from_toml`] reports every problem of a file at
+//! once, before anything starts: unknown keys and values of the wrong type (each key found is
+//! set aside and the file read again) and then every semantic error of [`Config::validate`],
+//! each with its line and key path. Names carry their unit (`_ms`, `_s`, `_bytes`).
 
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -319,11 +321,14 @@ impl Default for StorageConfig {
 pub struct ConfigErrors(pub Vec<String>);
 
 impl Config {
-    /// Parse TOML and validate; all errors at once.
+    /// Parse TOML and validate; every problem of the file at once, each with its line and
+    /// key path ([`crate::config_lines`]).
     pub fn from_toml(text: &str) -> Result<Config, ConfigErrors> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigErrors(vec![e.to_string()]))?;
-        config.validate()?;
-        Ok(config)
+        crate::config_lines::load(text, |c: &Config| match c.validate() {
+            Ok(()) => Vec::new(),
+            Err(ConfigErrors(v)) => v,
+        })
+        .map_err(ConfigErrors)
     }
 
     pub fn validate(&self) -> Result<(), ConfigErrors> {
@@ -499,5 +504,73 @@ impl Config {
         } else {
             Err(ConfigErrors(errors))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_problem_of_a_file_is_reported_with_its_line_and_key() {
+        let text = r#"
+[server]
+sys_interval_s = 0
+colour = "blue"
+
+[mqtt]
+max_connections = -5
+
+[storage]
+fsync = "sometimes"
+
+[[lite.parents]]
+name = "agents"
+pattern = "agents/{lane}/#"
+
+[[lite.parents]]
+name = "bots"
+pattern = "bots/#"
+ttl_s = 0
+"#;
+        let errs = Config::from_toml(text).unwrap_err().0;
+        let joined = errs.join("\n");
+        assert_eq!(errs.len(), 5, "{joined}");
+        assert!(
+            errs[0].starts_with("line 4: server.colour: unknown field"),
+            "{joined}"
+        );
+        assert!(
+            errs[1].starts_with("line 7: mqtt.max_connections: "),
+            "{joined}"
+        );
+        assert!(errs[2].starts_with("line 10: storage.fsync: "), "{joined}");
+        let parent: Vec<&String> = errs[3..].iter().collect();
+        assert!(
+            parent
+                .iter()
+                .any(|e| e.starts_with("line 18: lite.parents[1]") && e.contains("pattern")),
+            "{joined}"
+        );
+        assert!(
+            parent
+                .iter()
+                .any(|e| e.starts_with("line 19: lite.parents[1]") && e.contains("ttl_s")),
+            "{joined}"
+        );
+    }
+
+    #[test]
+    fn a_syntax_error_is_reported_alone_and_a_good_file_loads() {
+        let errs = Config::from_toml("[mqtt\nmax_connections = 1\n")
+            .unwrap_err()
+            .0;
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].starts_with("line 1: TOML syntax"), "{errs:?}");
+        let c = Config::from_toml("[mqtt]\nmax_connections = 7\n").unwrap();
+        assert_eq!(c.mqtt.max_connections, 7);
+        assert!(Config::from_toml("").is_ok());
+        assert!(Config::from_toml(DEFAULT_CONFIG_TOML).is_ok());
     }
 }

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod broker;
 pub mod config;
+pub mod config_lines;
 pub mod connection;
 pub mod listener;
 pub mod lite;

@@ -1,0 +1,87 @@
+//! `lanemq check-config` and `lanemq serve` with a broken configuration file: every problem
+//! of the file is reported at once, each with its line and key path, and nothing starts
+//! (issue 18, "every configuration error at once").
+#![allow(clippy::unwrap_used)]
+
+use crate::child;
+use std::process::{Command, Stdio};
+
+/// The file tried when the problem was found: one unknown key hid four other mistakes.
+const BROKEN: &str = r#"[server]
+sys_interval_s = 0
+colour = "blue"
+
+[mqtt]
+max_connections = -5
+
+[storage]
+fsync = "sometimes"
+
+[[lite.parents]]
+name = "bots"
+pattern = "bots/#"
+ttl_s = 0
+"#;
+
+const EXPECTED: [&str; 5] = [
+    "line 3: server.colour: unknown field",
+    "line 6: mqtt.max_connections: invalid value",
+    "line 9: storage.fsync: unknown variant `sometimes`",
+    "line 13: lite.parents[0] (\"bots\").pattern: must contain one {lane} level",
+    "line 14: lite.parents[0] (\"bots\").ttl_s: must be",
+];
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(child::lanemq_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn check_config_and_serve_report_every_problem_with_line_and_key() {
+    let dir = child::TempDir::new("config-cli");
+    let file = dir.0.join("broken.toml");
+    std::fs::write(&file, BROKEN).unwrap();
+    let file = file.to_str().unwrap();
+    for args in [
+        vec!["check-config", file],
+        vec![
+            "serve",
+            "--config",
+            file,
+            "--data-dir",
+            dir.0.join("data").to_str().unwrap(),
+            "--mqtt",
+            "127.0.0.1:0",
+        ],
+    ] {
+        let out = run(&args);
+        assert!(!out.status.success(), "{args:?} accepted a broken file");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let problems: Vec<&str> = err
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- "))
+            .collect();
+        assert_eq!(problems.len(), 5, "{args:?}:\n{err}");
+        for (got, want) in problems.iter().zip(EXPECTED) {
+            assert!(
+                got.starts_with(want),
+                "{args:?}: {got:?} should start with {want:?}"
+            );
+        }
+    }
+    // `serve` stopped before it made anything.
+    assert!(!dir.0.join("data").join("log").exists());
+    // The default file passes.
+    let good = dir.0.join("good.toml");
+    let out = run(&["generate-config"]);
+    std::fs::write(&good, &out.stdout).unwrap();
+    let out = run(&["check-config", good.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
