@@ -3,7 +3,9 @@
 #   - the default ACL refuses `$stream/...` subscriptions and keeps `#` away from them;
 #   - acl/examples/stream-reader.acl lets user `reader` (and nobody else) subscribe `$stream/events`;
 #   - a file made by mosquitto_passwd authenticates; a wrong password gets CONNACK 0x86 / 0x04;
-#   - SIGHUP reloads the ACL; a broken file keeps the rules in force.
+#   - SIGHUP reloads the ACL; a broken file keeps the rules in force;
+#   - a reload revokes what the new rules deny: a mosquitto_sub on a topic and one on a
+#     `$stream/` replay are disconnected (0x87) and get nothing published after the reload.
 # Exit status: the number of failed scenarios.
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -105,6 +107,55 @@ else
 fi
 r=$(sub_result -V mqttv5 -t 'later/x')
 [ "$r" = granted ] && pass "broken ACL: previous rules stay in force" || fail "broken ACL: previous rules stay in force" "got $r"
+
+kill "$BROKER_PID"; wait "$BROKER_PID" 2>/dev/null; BROKER_PID=""
+
+# --- a reload revokes ------------------------------------------------------------------------
+printf 'default deny\nallow all publish filter:#\nallow all subscribe filter:live/#\nallow all subscribe filter:$stream/events\n' >"$WORK/revoke.acl"
+start_broker "[server]
+acl_file = \"$WORK/revoke.acl\"
+[[streams]]
+name = \"events\"
+topic_filter = \"ev/#\""
+timeout 20 mosquitto_sub -p "$PORT" -V mqttv5 -q 1 -t 'live/#' -v >"$WORK/live.out" 2>&1 &
+SUB1=$!
+timeout 20 mosquitto_sub -p "$PORT" -V mqttv5 -q 1 -t '$stream/events' -D subscribe user-property stream-offset earliest >"$WORK/stream.out" 2>&1 &
+SUB2=$!
+sleep 0.5
+mosquitto_pub -p "$PORT" -V mqttv5 -q 1 -t live/x -m before-reload
+mosquitto_pub -p "$PORT" -V mqttv5 -q 1 -t ev/x -m stream-before-reload
+wait_grep "$WORK/live.out" "before-reload" 5 && wait_grep "$WORK/stream.out" "stream-before-reload" 5 &&
+  pass "revoke: both subscribers receive before the reload" ||
+  fail "revoke: both subscribers receive before the reload" "$(cat "$WORK/live.out" "$WORK/stream.out")"
+printf 'default deny\nallow all publish filter:#\n' >"$WORK/revoke.acl"
+kill -HUP "$BROKER_PID"
+revoked_ok=
+for _ in $(seq 1 50); do
+  if sed 's/\x1b\[[0-9;]*m//g' "$BROKER_LOG" | grep -q "were revoked revoked=2"; then revoked_ok=1; break; fi
+  sleep 0.1
+done
+if [ -n "$revoked_ok" ]; then
+  pass "revoke: SIGHUP reports 2 subscriptions revoked"
+else
+  fail "revoke: SIGHUP reports 2 subscriptions revoked" "$(grep -i -E 'reload|revoked' "$BROKER_LOG" | tail -3)"
+fi
+sleep 0.3
+mosquitto_pub -p "$PORT" -V mqttv5 -q 1 -t live/x -m after-reload
+mosquitto_pub -p "$PORT" -V mqttv5 -q 1 -t ev/x -m stream-after-reload
+sleep 0.5
+if grep -q "after-reload" "$WORK/live.out" "$WORK/stream.out"; then
+  fail "revoke: nothing arrives after the reload" "$(cat "$WORK/live.out" "$WORK/stream.out")"
+else
+  pass "revoke: nothing arrives after the reload"
+fi
+gone=0
+for p in $SUB1 $SUB2; do
+  for _ in $(seq 1 40); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$p" 2>/dev/null || gone=$((gone + 1))
+done
+[ "$gone" = 2 ] && pass "revoke: both subscribers were disconnected" ||
+  fail "revoke: both subscribers were disconnected" "$gone of 2 gone; $(cat "$WORK/live.out" "$WORK/stream.out")"
+kill $SUB1 $SUB2 2>/dev/null
 
 summary auth-acl
 exit "$N_FAIL"

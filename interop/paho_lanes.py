@@ -408,8 +408,11 @@ def _worker_pool(cons, n_lanes, n_seq):
     lanes_per_member = {c.cid: len({d.lane for d in c.deliveries}) for c in cons}
     note(f"published {total} in {t_pub:.1f}s, all delivered after {t_all:.1f}s; messages per member "
          f"{per_member}, lanes per member {lanes_per_member}")
-    low = {k: v for k, v in per_member.items() if v < total // 10}
-    check(not low, f"shared mode does not balance lanes across members: members with < 10% of the "
+    # A new batch goes to the least loaded member, so the two members that hold each batch
+    # 0-3 ms longer get fewer; on an idle 2-core machine about 12 % each, and 7 % when the
+    # machine was busy with a build (CI, 2026-12-06). Every member must still get a real share.
+    low = {k: v for k, v in per_member.items() if v < total // 20}
+    check(not low, f"shared mode does not balance lanes across members: members with < 5% of the "
                    f"messages: {low} (all: {per_member})")
 
 

@@ -986,6 +986,82 @@ async fn authorization_reload_applies_a_rewritten_acl_and_keeps_the_old_rules_on
     c.subscribe("room/3", QoS::AtLeastOnce).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_reload_revokes_subscriptions_the_new_rules_deny() {
+    use lanemq_protocol::Connect;
+    let acl_dir = child::TempDir::new("admin-acl-revoke");
+    let acl = acl_dir.0.join("rules.acl");
+    let before = "default deny\nallow all publish filter:#\n\
+                  allow all subscribe filter:$stream/events\n\
+                  allow all subscribe filter:room/#\nallow all subscribe filter:keep/#\n";
+    std::fs::write(&acl, before).unwrap();
+    let mut cfg = admin_config();
+    cfg.server.acl_file = Some(acl.clone());
+    cfg.streams = vec![lanemq_streams::StreamDef::new("events", "ev/#")];
+    let s = TestServer::start(cfg).await;
+    let api = Api::of(&s);
+
+    // An MQTT 5 client on a topic and on a stream, an MQTT 3.1.1 client, and a persistent
+    // session that is away; each also has a subscription the new rules still allow.
+    let mut a = s.v5("rv-a").await;
+    a.subscribe("room/a", QoS::AtLeastOnce).await;
+    a.subscribe("keep/a", QoS::AtLeastOnce).await;
+    let mut r = s.v5("rv-reader").await;
+    let ack = r
+        .subscribe_props(&[("$stream/events", sub_opts(QoS::AtLeastOnce))], None, &[])
+        .await;
+    assert_eq!(ack.reason_codes, vec![1], "{ack:?}");
+    let mut b = s.v311("rv-b").await;
+    b.subscribe("room/b", QoS::AtLeastOnce).await;
+    let away = |id: &str| -> Connect {
+        let mut c = connect_v5(id);
+        c.clean_start = false;
+        c.properties.session_expiry_interval = Some(3600);
+        c
+    };
+    let mut p = RawClient::connect_ok(s.addr, away("rv-p")).await;
+    p.subscribe("room/p", QoS::AtLeastOnce).await;
+    p.subscribe("keep/p", QoS::AtLeastOnce).await;
+    p.disconnect().await;
+
+    // The rules lose the room/# and $stream/events grants.
+    std::fs::write(
+        &acl,
+        "default deny\nallow all publish filter:#\nallow all subscribe filter:keep/#\n",
+    )
+    .unwrap();
+    let (status, v) = api.call("POST", "/api/v5/authorization/reload", None).await;
+    assert_eq!(status, 200, "{v}");
+    let msg = v["message"].as_str().unwrap();
+    assert!(msg.ends_with("; 4 subscriptions revoked"), "{msg}");
+
+    // Connected clients that lost one are told (MQTT 5: 0x87) or closed (3.1.1).
+    a.expect_disconnect(rc::NOT_AUTHORIZED).await;
+    r.expect_disconnect(rc::NOT_AUTHORIZED).await;
+    b.expect_closed().await;
+
+    // Nothing more arrives on what was revoked; what is still allowed stays.
+    let mut publ = s.v5("rv-pub").await;
+    for t in ["room/a", "room/b", "room/p", "ev/1", "keep/a", "keep/p"] {
+        publ.publish_qos1(t, t.as_bytes()).await;
+    }
+    let (mut p, ack) = RawClient::connect_ack(s.addr, away("rv-p")).await;
+    assert!(ack.session_present);
+    let got = p.recv_publish_ack().await;
+    assert_eq!(got.topic, "keep/p");
+    p.expect_nothing(QUIET_MS).await;
+    let mut a2 = RawClient::connect_ok(s.addr, connect_v5("rv-a")).await;
+    a2.expect_nothing(QUIET_MS).await;
+    let (status, st) = api.call("GET", "/api/v5/stats", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(st["broker"]["subscriptions_revoked"], 4, "{st}");
+    // Subscribing again follows the new rules.
+    let ack = a2
+        .subscribe_with(&[("room/a", sub_opts(QoS::AtLeastOnce))], None)
+        .await;
+    assert_eq!(ack.reason_codes, vec![rc::NOT_AUTHORIZED]);
+}
+
 // --- OpenAPI, token -----------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

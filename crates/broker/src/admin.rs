@@ -90,8 +90,12 @@ impl AdminBackend for BrokerAdmin {
 
     fn reload_authorization(&self) -> Result<String, String> {
         match self.broker.reload_auth() {
-            Ok(()) => {
-                let summary = self.auth_summary();
+            Ok(revoked) => {
+                let summary = format!(
+                    "{}; {revoked} subscription{} revoked",
+                    self.auth_summary(),
+                    if revoked == 1 { "" } else { "s" }
+                );
                 info!(%summary, "admin API: authorization reloaded");
                 Ok(summary)
             }
@@ -118,6 +122,7 @@ impl AdminBackend for BrokerAdmin {
                 "bytes_received": st.bytes_received.load(Ordering::Relaxed),
                 "bytes_sent": st.bytes_sent.load(Ordering::Relaxed),
                 "auth_failures": st.auth_failures.load(Ordering::Relaxed),
+                "subscriptions_revoked": st.subscriptions_revoked.load(Ordering::Relaxed),
                 "sessions": b.session_count(),
                 "retained": b.retained_count(),
             },

@@ -26,6 +26,8 @@ pub struct Stats {
     pub bytes_received: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub auth_failures: AtomicU64,
+    /// Subscriptions removed because a reloaded ACL (or the ACL at a reconnect) denies them.
+    pub subscriptions_revoked: AtomicU64,
 }
 
 pub struct Broker {
@@ -179,12 +181,94 @@ impl Broker {
         self.auth.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Re-read the password file and the ACL (SIGHUP). A file that fails to load is reported
-    /// and the rules in force stay. Subscriptions already granted are not re-checked.
-    pub fn reload_auth(&self) -> Result<(), String> {
+    /// Re-read the password file and the ACL (SIGHUP, `POST /api/v5/authorization/reload`).
+    /// A file that fails to load is reported and the rules in force stay. Then every
+    /// subscription of every session whose client is known is checked against the new rules
+    /// ([`Broker::revoke_denied`]); returns how many were revoked.
+    pub fn reload_auth(&self) -> Result<u64, String> {
         let auth = Auth::load(&self.config.server)?;
         *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
-        Ok(())
+        let sessions: Vec<Arc<Session>> = self.sessions_lock().values().cloned().collect();
+        Ok(sessions.iter().map(|s| self.revoke_denied(s, true)).sum())
+    }
+
+    /// Check every subscription of `session` (router, lane group and `$stream/` ones) against
+    /// the ACL in force, as the identity of its last connection; remove each one denied (from
+    /// the router or the lane group, and from the index for a persistent session), count and
+    /// log it. With `kick`, a connected client that lost one is disconnected (MQTT 5:
+    /// DISCONNECT 0x87 Not authorized), so it learns of it and resubscribes under the new
+    /// rules. A session restored after a restart whose client has not connected since is
+    /// left for its next CONNECT (which checks it too). Returns the number revoked.
+    pub fn revoke_denied(&self, session: &Arc<Session>, kick: bool) -> u64 {
+        let auth = self.auth();
+        let (filters, username, ip) = {
+            let st = session.lock();
+            let Some((username, ip)) = st.identity.clone().filter(|_| !st.ended) else {
+                return 0;
+            };
+            let filters: Vec<String> = st
+                .subscriptions
+                .keys()
+                .chain(st.stream_subs.keys())
+                .cloned()
+                .collect();
+            (filters, username, ip)
+        };
+        let denied: Vec<String> = filters
+            .into_iter()
+            .filter(|f| {
+                let req = lanemq_acl::Request {
+                    username: username.as_deref(),
+                    client_id: &session.client_id,
+                    ip,
+                    action: lanemq_acl::Action::Subscribe,
+                    topic: f,
+                };
+                !auth.acl.check_subscribe(&req, false).allowed
+            })
+            .collect();
+        if denied.is_empty() {
+            return 0;
+        }
+        let mut routed = Vec::new();
+        let persistent = {
+            let mut st = session.lock();
+            for f in &denied {
+                if let Some(sub) = st.stream_subs.remove(f) {
+                    sub.end();
+                    if st.expiry_s > 0 {
+                        self.persist.submit(Op::StreamSubRemove {
+                            client: session.client_id.clone(),
+                            filter: f.clone(),
+                        });
+                    }
+                } else if st.subscriptions.remove(f).is_some() {
+                    routed.push(f.clone());
+                }
+            }
+            if kick && st.connected {
+                st.kick = Some(Kick::NotAuthorized);
+                st.wake();
+            }
+            st.expiry_s > 0
+        };
+        for f in &routed {
+            self.remove_subscription(session, f);
+            if persistent {
+                self.persist.submit(Op::SubRemove {
+                    client: session.client_id.clone(),
+                    filter: f.clone(),
+                });
+            }
+        }
+        for f in &denied {
+            warn!(client = %session.client_id, filter = %f, "subscription revoked: the ACL in force denies it");
+        }
+        let n = denied.len() as u64;
+        self.stats
+            .subscriptions_revoked
+            .fetch_add(n, Ordering::Relaxed);
+        n
     }
 
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {

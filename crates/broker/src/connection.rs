@@ -538,6 +538,12 @@ impl Conn {
             st.kick = None;
             st.protocol = version;
             st.expiry_s = session_expiry_s;
+            st.identity = Some((c.username.as_deref().map(Arc::from), peer.ip()));
+        }
+        if resumed {
+            // The rules may have changed while the session was away (a reload, a restart),
+            // and its client may come back as someone else: what it may no longer read goes.
+            broker.revoke_denied(&session, false);
         }
         let persist = &broker.persist;
         if session_expiry_s > 0 {
@@ -945,6 +951,7 @@ impl Conn {
                         reason: Some(rc::SERVER_SHUTTING_DOWN),
                         will: false,
                     },
+                    Kick::NotAuthorized => Close::error(rc::NOT_AUTHORIZED),
                 };
             }
             let writable = self.writable();

@@ -64,6 +64,8 @@ pub enum Kick {
     SlowConsumer,
     /// The server is shutting down (0x8B).
     Shutdown,
+    /// A reloaded ACL denies a subscription the session had (0x87); the subscription is gone.
+    NotAuthorized,
 }
 
 /// Outcome of [`Session::push`].
@@ -173,6 +175,10 @@ pub struct SessionState {
     pub replay_offsets: Option<HashSet<u64>>,
     /// Stream subscriptions by full filter (`$stream/...`, `$s/...`); not in the router.
     pub stream_subs: HashMap<String, Arc<StreamSub>>,
+    /// Who the session's last connection was (username, address): the identity its
+    /// subscriptions are checked as when the ACL is reloaded. `None` for a session restored
+    /// after a restart until its client connects again.
+    pub identity: Option<(Option<Arc<str>>, std::net::IpAddr)>,
 }
 
 impl SessionState {
@@ -244,6 +250,7 @@ impl Session {
                 next_seq: 1,
                 replay_offsets: None,
                 stream_subs: HashMap::new(),
+                identity: None,
             }),
             online: AtomicBool::new(false),
             lane_stuck: AtomicBool::new(false),

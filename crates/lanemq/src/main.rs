@@ -268,7 +268,9 @@ fn serve(args: ServeArgs) -> Result<()> {
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
                 match broker.reload_auth() {
-                    Ok(()) => info!("SIGHUP: password file and ACL reloaded"),
+                    Ok(revoked) => {
+                        info!(revoked, "SIGHUP: password file and ACL reloaded; subscriptions the new rules deny were revoked")
+                    }
                     Err(e) => {
                         warn!(error = %e, "SIGHUP: reload failed, the previous rules stay in force")
                     }
