@@ -1232,3 +1232,79 @@ async fn parents_lanes_and_group_offsets_made_over_rest_survive_a_restart() {
     assert_eq!(sample(&text, "lanemq_lite_lanes"), 2, "{text}");
     assert_eq!(sample(&text, "lanemq_lite_parents"), 1, "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_created_after_a_shared_subscription_turns_it_into_a_lane_group() {
+    let s = TestServer::start(admin_config()).await;
+    let api = Api::of(&s);
+    // Two members of `$share/late/jobs/+/#` while no parent covers `jobs/+/#`: a plain
+    // round-robin group in the router.
+    let mut members = Vec::new();
+    for i in 0..2 {
+        let mut m = s.v5(&format!("late-{i}")).await;
+        m.subscribe("$share/late/jobs/+/#", QoS::AtLeastOnce).await;
+        members.push(m);
+    }
+    let mut p = s.v5("late-pub").await;
+    p.publish_qos1("jobs/a/x", b"before").await;
+    let mut before = Vec::new();
+    for m in &mut members {
+        if let Ok(Packet::Publish(d)) = m.try_recv(Duration::from_millis(300)).await {
+            m.send(Packet::PubAck(PubResp::new(d.packet_id, 0))).await;
+            before.push(d);
+        }
+    }
+    assert_eq!(before.len(), 1, "one member got it");
+    assert_eq!(user_prop(&before[0], "lane"), None, "not a lane yet");
+
+    // The parent appears: the group becomes a lane group (lanes, offsets, one member per
+    // batch), without anyone subscribing again.
+    api.ok(
+        "POST",
+        "/api/v5/lite/parents",
+        Some(json!({"name": "jobs", "pattern": "jobs/{lane}/#"})),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..3 {
+        p.publish_qos1("jobs/a/x", format!("a{i}").as_bytes()).await;
+        p.publish_qos1("jobs/b/x", format!("b{i}").as_bytes()).await;
+    }
+    let mut got: Vec<(usize, Publish)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.len() < 6 && Instant::now() < deadline {
+        for (i, m) in members.iter_mut().enumerate() {
+            if let Ok(Packet::Publish(d)) = m.try_recv(Duration::from_millis(50)).await {
+                m.send(Packet::PubAck(PubResp::new(d.packet_id, 0))).await;
+                got.push((i, d));
+            }
+        }
+    }
+    assert_eq!(got.len(), 6, "{got:?}");
+    for lane in ["a", "b"] {
+        let ds: Vec<&Publish> = got
+            .iter()
+            .map(|(_, d)| d)
+            .filter(|d| user_prop(d, "lane") == Some(lane))
+            .collect();
+        let payloads: Vec<String> = ds
+            .iter()
+            .map(|d| String::from_utf8_lossy(&d.payload).into_owned())
+            .collect();
+        assert_eq!(
+            payloads,
+            [0, 1, 2].map(|i| format!("{lane}{i}")),
+            "lane {lane} in order"
+        );
+        let offsets: Vec<&str> = ds
+            .iter()
+            .filter_map(|d| user_prop(d, "lane-offset"))
+            .collect();
+        assert_eq!(
+            offsets.len(),
+            3,
+            "lane {lane}: every delivery carries lane-offset"
+        );
+        assert!(ds.iter().all(|d| d.qos == QoS::AtLeastOnce));
+    }
+}

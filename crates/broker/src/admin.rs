@@ -150,7 +150,8 @@ impl AdminBackend for BrokerAdmin {
         let engine = &self.broker.lite.engine;
         let info = engine.create_parent(def)?;
         engine.warn_overlaps();
-        info!(parent = %info.def.name, pattern = %info.def.pattern, "admin API: lite parent created");
+        let converted = self.broker.convert_shared_to_lane_groups();
+        info!(parent = %info.def.name, pattern = %info.def.pattern, converted, "admin API: lite parent created");
         Ok(info)
     }
 
@@ -158,7 +159,8 @@ impl AdminBackend for BrokerAdmin {
         let engine = &self.broker.lite.engine;
         let info = engine.update_parent(name, def)?;
         engine.warn_overlaps();
-        info!(parent = %name, "admin API: lite parent updated");
+        let converted = self.broker.convert_shared_to_lane_groups();
+        info!(parent = %name, converted, "admin API: lite parent updated");
         Ok(info)
     }
 

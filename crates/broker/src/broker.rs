@@ -455,6 +455,69 @@ impl Broker {
         }
     }
 
+    /// Turn the shared subscriptions that a lite parent now covers into lane-group members
+    /// (after a parent was created or changed at run time): `$share/<g>/<filter>` made while
+    /// no parent matched `<filter>` is a plain round-robin group in the router; from now on
+    /// its messages go into lanes, so it leaves the router and joins the lane group `<g>`
+    /// (QoS at most 1, as for any lane group; its stored form is unchanged and restores as a
+    /// lane group). Returns how many were converted.
+    pub fn convert_shared_to_lane_groups(&self) -> usize {
+        let sessions: Vec<Arc<Session>> = self.sessions_lock().values().cloned().collect();
+        let mut converted = 0;
+        for session in sessions {
+            let candidates: Vec<(String, crate::session::Subscription)> = {
+                let st = session.lock();
+                if st.ended {
+                    continue;
+                }
+                st.subscriptions
+                    .iter()
+                    .filter(|(f, _)| {
+                        let (group, inner) = split_share(f);
+                        group.is_some() && self.lite.lane_filter(inner).is_some()
+                    })
+                    .map(|(f, s)| (f.clone(), s.clone()))
+                    .collect()
+            };
+            for (filter, sub) in candidates {
+                let (Some(group), inner) = split_share(&filter) else {
+                    continue;
+                };
+                let Some((parent, sel)) = self.lite.lane_filter(inner) else {
+                    continue;
+                };
+                // Only those still in the router (a lane group member is not).
+                let was_routed = self
+                    .router
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unsubscribe(Some(group), inner, &session.client_id);
+                if !was_routed {
+                    continue;
+                }
+                let qos = sub.options.qos.min(QoS::AtLeastOnce);
+                if let Some(s) = session.lock().subscriptions.get_mut(&filter) {
+                    s.options.qos = qos;
+                }
+                self.lite
+                    .send(crate::lite::Event::Join(Box::new(crate::lite::Join {
+                        session: session.clone(),
+                        filter: filter.clone(),
+                        group: Some(group.to_string()),
+                        parent,
+                        sel,
+                        inner: inner.to_string(),
+                        qos,
+                        sub_id: sub.sub_id,
+                        start: None,
+                    })));
+                tracing::info!(client = %session.client_id, %filter, "shared subscription now a lane group: a lite parent covers its filter");
+                converted += 1;
+            }
+        }
+        converted
+    }
+
     pub fn remove_subscription(&self, session: &Arc<Session>, full_filter: &str) -> bool {
         let (group, inner) = split_share(full_filter);
         if self.lite.lane_filter(inner).is_some() {
