@@ -180,3 +180,114 @@ async fn kill9_keeps_lanes_and_commits_and_loses_nothing_acknowledged() {
     let m = w.recv_publish().await;
     assert_eq!((lane_of(&m), offset_of(&m)), ("l0".into(), 15));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lane_deliveries_in_flight_come_again_with_dup_and_pauses_and_attempts_survive_a_restart() {
+    let cfg = format!(
+        "{FSYNC_ALWAYS}[lite]\nflush_interval_ms = 20\n\n[[lite.parents]]\nname = \"agents\"\n\
+         pattern = \"agents/{{lane}}/#\"\nmax_attempts = 2\n\n"
+    );
+    let mut b = Broker::start("lanes-dup-restart", &cfg).await;
+    let mut m = RawClient::connect_ok(b.addr, persistent("dup-m", true)).await;
+    join(&mut m, "$share/g/agents/+/#").await;
+    let mut p = RawClient::connect_ok(b.addr, connect_v5("dup-p")).await;
+    for i in 0..3 {
+        p.publish_qos1("agents/a/x", format!("a{i}").as_bytes())
+            .await;
+    }
+    p.publish_qos1("agents/b/x", b"b0").await;
+    let first = drain(&mut m, 300, false).await;
+    let a_first: Vec<&Publish> = first.iter().filter(|d| lane_of(d) == "a").collect();
+    assert!(!a_first.is_empty(), "{first:?}");
+    assert!(
+        a_first.iter().all(|d| !d.dup),
+        "first deliveries carry DUP=0"
+    );
+    // Lane b: the member asks to retry in 2 s (one attempt; max_attempts is 2).
+    let bd = first.iter().find(|d| lane_of(d) == "b").unwrap();
+    let mut ack = PubResp::new(bd.packet_id, 0);
+    ack.properties
+        .user_properties
+        .push(("lane-retry-ms".into(), "2000".into()));
+    m.send(Packet::PubAck(ack)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(m);
+    let status = b.terminate().await;
+    assert!(status.success(), "{}", b.log_tail(20));
+    b.restart().await;
+
+    // Lane a: what was delivered and not acknowledged comes again with DUP=1 [MQTT-4.4.0-1].
+    let (mut m, ack) = RawClient::connect_ack(b.addr, persistent("dup-m", false)).await;
+    assert!(ack.session_present);
+    let again = drain(&mut m, 500, true).await;
+    let a_again: Vec<&Publish> = again.iter().filter(|d| lane_of(d) == "a").collect();
+    let offs = |v: &[&Publish]| v.iter().map(|d| offset_of(d)).collect::<Vec<_>>();
+    assert_eq!(
+        offs(&a_again)[..a_first.len()],
+        offs(&a_first)[..],
+        "{again:?}"
+    );
+    for d in &a_again[..a_first.len()] {
+        assert!(d.dup, "redelivered after the restart without DUP=1: {d:?}");
+    }
+    // Lane b stays paused until its 2 s are over, then comes again.
+    assert!(
+        again.iter().all(|d| lane_of(d) != "b"),
+        "lane b was delivered during its pause: {again:?}"
+    );
+    let mut later = Vec::new();
+    for _ in 0..40 {
+        later.extend(drain(&mut m, 100, false).await);
+        if !later.is_empty() {
+            break;
+        }
+    }
+    let b_again = later
+        .iter()
+        .find(|d| lane_of(d) == "b")
+        .expect("lane b after its pause");
+    // A second retry is the second attempt: with max_attempts 2 it is dead-lettered, so the
+    // attempt before the restart was kept.
+    let mut w = RawClient::connect_ok(b.addr, connect_v5("dup-dlq")).await;
+    w.subscribe("$dlq/#", QoS::AtLeastOnce).await;
+    let mut ack = PubResp::new(b_again.packet_id, 0);
+    ack.properties
+        .user_properties
+        .push(("lane-retry-ms".into(), "2000".into()));
+    m.send(Packet::PubAck(ack)).await;
+    let dead = w.recv_publish_ack().await;
+    assert_eq!(dead.topic, "$dlq/g/agents/b/x");
+    assert_eq!(user_prop(&dead, "attempts"), Some("2"), "{dead:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lane_deliveries_in_flight_come_again_with_dup_after_kill_9() {
+    let mut b = Broker::start("lanes-dup-kill9", &format!("{FSYNC_ALWAYS}{LITE}")).await;
+    let mut m = RawClient::connect_ok(b.addr, persistent("dup9-m", true)).await;
+    join(&mut m, "$share/g9/agents/+/#").await;
+    let mut p = RawClient::connect_ok(b.addr, connect_v5("dup9-p")).await;
+    for i in 0..3 {
+        p.publish_qos1("agents/k/x", format!("k{i}").as_bytes())
+            .await;
+    }
+    let first = drain(&mut m, 300, false).await;
+    assert!(
+        !first.is_empty() && first.iter().all(|d| !d.dup),
+        "{first:?}"
+    );
+    // More than flush_interval_ms (20 ms) later: the delivery is journaled.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.kill9();
+    b.restart().await;
+    drop(m);
+    let (mut m, ack) = RawClient::connect_ack(b.addr, persistent("dup9-m", false)).await;
+    assert!(ack.session_present);
+    let again = drain(&mut m, 500, true).await;
+    let first_offs: Vec<u64> = first.iter().map(offset_of).collect();
+    let again_offs: Vec<u64> = again.iter().take(first.len()).map(offset_of).collect();
+    assert_eq!(again_offs, first_offs, "{again:?}");
+    assert!(
+        again.iter().take(first.len()).all(|d| d.dup),
+        "redelivered after kill -9 without DUP=1: {again:?}"
+    );
+}

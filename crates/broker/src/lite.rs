@@ -26,6 +26,7 @@ use crate::broker::Broker;
 use crate::message::{Delivery, Message, NOT_STORED};
 use crate::session::Session;
 use lanemq_lite::engine::Pending;
+use lanemq_lite::journal::RunMark;
 use lanemq_lite::{Engine, LaneSel, Mode};
 use lanemq_protocol::{topic, QoS};
 use serde::Serialize;
@@ -354,8 +355,17 @@ struct Run {
     attempts: HashMap<u64, u32>,
     /// Offsets above the committed one already finished.
     done: BTreeSet<u64>,
-    /// Offsets taken back at the ack timeout: their next delivery carries DUP=1.
+    /// Offsets taken back at the ack timeout (or delivered before a restart): their next
+    /// delivery carries DUP=1.
     redo: BTreeSet<u64>,
+    /// Offsets below this were delivered at least once (journaled with the group offsets,
+    /// so a redelivery after a restart carries DUP=1).
+    sent_to: u64,
+    /// The client the last batch went to.
+    holder: Option<Arc<str>>,
+    /// Rebuilt after a restart: the offsets in `redo` carry DUP=1 only when they go to this
+    /// client again (to another session they are a first delivery).
+    redo_for: Option<Arc<str>>,
 }
 
 impl Run {
@@ -500,7 +510,7 @@ impl Dispatcher {
             if last_flush.elapsed() >= self.settings.flush_interval {
                 last_flush = Instant::now();
                 self.persist_commits();
-                if self.unflushed {
+                if self.unflushed || self.engine.has_unjournaled() {
                     self.unflushed = false;
                     if let Err(e) = self.engine.flush() {
                         warn!(error = %e, "cannot flush the lane group offsets");
@@ -938,6 +948,8 @@ impl Dispatcher {
                 dead.push((off, attempts));
             } else {
                 run.redo.insert(off);
+                // Taken back at the ack timeout: DUP=1 to whichever member gets it.
+                run.redo_for = None;
             }
         }
         if dead.is_empty() {
@@ -1255,6 +1267,17 @@ impl Dispatcher {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
         };
+        if !g.private && !g.runs.contains_key(&lane) {
+            // What the group had done with the lane before a restart: delivered offsets come
+            // again with DUP=1, attempts count on, a pause holds.
+            if let Some(mark) = self.engine.run_mark(lane, &g.name) {
+                let (run, pause) = restore_run(mark, from);
+                g.runs.insert(lane, run);
+                if let Some(t) = pause {
+                    self.timers.push(Reverse((t, gid, lane)));
+                }
+            }
+        }
         if let Some(r) = g.runs.get(&lane) {
             if r.batch.is_some() || r.paused_until.is_some_and(|t| t > Instant::now()) {
                 return;
@@ -1359,7 +1382,8 @@ impl Dispatcher {
                         lane,
                         offset: seq,
                         epoch,
-                        dup: run.redo.remove(&seq),
+                        dup: run.redo.remove(&seq)
+                            && run.redo_for.as_ref().is_none_or(|h| *h == client),
                     }),
                 },
             ));
@@ -1372,6 +1396,10 @@ impl Dispatcher {
             return;
         }
         let open: Vec<u64> = out.iter().map(|(s, _)| *s).collect();
+        if let Some(&hi) = open.iter().max() {
+            run.sent_to = run.sent_to.max(hi + 1);
+        }
+        run.holder = Some(client.clone());
         let n = open.len();
         run.batch = Some(Batch {
             holder: client.clone(),
@@ -1387,6 +1415,7 @@ impl Dispatcher {
         if skipped {
             advance(g, lane, &mut self.dirty, &self.engine);
         }
+        save_mark(g, lane, &self.engine);
         let ok = session.push_lane(out.into_iter().map(|(_, d)| d).collect());
         if !ok {
             // The session ended under us: the batch goes back.
@@ -1602,6 +1631,68 @@ fn advance(g: &mut Group, lane: u64, dirty: &mut Vec<(u64, Arc<str>, u64)>, engi
     if run.idle() {
         g.runs.remove(&lane);
     }
+    save_mark(g, lane, engine);
+}
+
+/// Journal what a shared group did with `lane` past its committed offset (delivered
+/// offsets, attempts, a pause), or clear it: see [`lanemq_lite::journal::RunMark`].
+fn save_mark(g: &Group, lane: u64, engine: &Engine) {
+    if g.private {
+        return;
+    }
+    let committed = g.committed.get(&lane).copied().unwrap_or(0);
+    let mark = match g.runs.get(&lane) {
+        None => RunMark::default(),
+        Some(run) => {
+            let now = Instant::now();
+            let mut attempts: Vec<(u64, u32)> = run
+                .attempts
+                .iter()
+                .filter(|(o, _)| **o >= committed)
+                .map(|(o, n)| (*o, *n))
+                .collect();
+            attempts.sort_unstable();
+            RunMark {
+                sent_to: if run.sent_to > committed {
+                    run.sent_to
+                } else {
+                    0
+                },
+                // Whole milliseconds, so the same pause gives the same record.
+                paused_until_us: run.paused_until.filter(|t| *t > now).map_or(0, |t| {
+                    let us = lanemq_lite::engine::now_us()
+                        + u64::try_from((t - now).as_micros()).unwrap_or(u64::MAX / 2);
+                    us / 1000 * 1000
+                }),
+                attempts,
+                holder: run.holder.as_deref().unwrap_or("").into(),
+            }
+        }
+    };
+    engine.put_run_mark(lane, &g.name, mark);
+}
+
+/// A run rebuilt from its journaled mark after a restart (and when its pause ends, if any).
+fn restore_run(mark: RunMark, committed: u64) -> (Run, Option<Instant>) {
+    let now_us = lanemq_lite::engine::now_us();
+    let pause = (mark.paused_until_us > now_us)
+        .then(|| Instant::now() + Duration::from_micros(mark.paused_until_us - now_us));
+    // A delivered range is at most a few batches; bound it against a damaged record.
+    let redo_to = mark.sent_to.min(committed.saturating_add(1 << 16));
+    let run = Run {
+        paused_until: pause,
+        attempts: mark
+            .attempts
+            .into_iter()
+            .filter(|(o, _)| *o >= committed)
+            .collect(),
+        redo: (committed..redo_to).collect(),
+        sent_to: mark.sent_to,
+        holder: (!mark.holder.is_empty()).then(|| Arc::from(&*mark.holder)),
+        redo_for: Some(Arc::from(&*mark.holder)),
+        ..Run::default()
+    };
+    (run, pause)
 }
 
 /// End a lane's batch without answers: revoke what the holder still has (queued or in
@@ -1631,6 +1722,7 @@ fn release(g: &mut Group, lane: u64, count_attempt: bool, engine: &Engine) {
         g.owners.remove(&lane);
     }
     push_ready(g, lane);
+    save_mark(g, lane, engine);
 }
 
 /// Revoke the not yet sent deliveries of `lane` from `client` (exclusive takeover).

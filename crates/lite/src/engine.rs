@@ -32,7 +32,8 @@
 
 use crate::entries::{LaneEntries, LaneEntry, NONE};
 use crate::journal::{
-    encode_commit, encode_group, encode_lane, Checkpoint, Journal, LaneRecordRef, Rec,
+    encode_commit, encode_group, encode_lane, encode_run, Checkpoint, Journal, LaneRecordRef, Rec,
+    RunMark,
 };
 use crate::model::{LaneSel, ParentDef, Pattern, ValidationError};
 use lanemq_store::{IndexHint, Store};
@@ -192,6 +193,9 @@ struct Commits {
     ids: HashMap<Box<str>, u32>,
     /// (lane, group id) -> committed offset (first unacknowledged).
     map: HashMap<(u64, u32), u64>,
+    /// (lane, group id) -> what the group did past its committed offset (journaled `Run`
+    /// records): only lanes with something delivered and not yet committed.
+    runs: HashMap<(u64, u32), RunMark>,
     /// Framed records not yet in the journal.
     unjournaled: Vec<u8>,
 }
@@ -287,6 +291,14 @@ impl Engine {
                 lanes.remove_unindexed(id);
                 for gid in commits.ids.values() {
                     commits.map.remove(&(id, *gid));
+                    commits.runs.remove(&(id, *gid));
+                }
+            }
+            Rec::Run(lane, gid, mark) => {
+                if mark.is_empty() {
+                    commits.runs.remove(&(lane, gid));
+                } else {
+                    commits.runs.insert((lane, gid), mark);
                 }
             }
             Rec::Group(gid, name) => {
@@ -767,6 +779,9 @@ impl Engine {
                 for ((lane, gid), off) in &c.map {
                     encode_commit(&mut buf, *lane, *gid, *off);
                 }
+                for ((lane, gid), m) in &c.runs {
+                    encode_run(&mut buf, *lane, *gid, m);
+                }
             } else {
                 for id in &idx.dirty {
                     if let Some(l) = t.lanes.get(*id) {
@@ -1135,6 +1150,37 @@ impl Engine {
         Ok(())
     }
 
+    /// Are group records (offsets, run marks) waiting for [`Engine::flush`]?
+    pub fn has_unjournaled(&self) -> bool {
+        !self.lock_commits().unjournaled.is_empty()
+    }
+
+    /// What `group` had done with `lane` past its committed offset before a restart (or since
+    /// the last [`Engine::put_run_mark`]).
+    pub fn run_mark(&self, lane: u64, group: &str) -> Option<RunMark> {
+        let c = self.lock_commits();
+        let gid = c.ids.get(group)?;
+        c.runs.get(&(lane, *gid)).cloned()
+    }
+
+    /// Store what `group` did with `lane` past its committed offset (an empty mark clears
+    /// it); durable at the next [`Engine::flush`], like the commits.
+    pub fn put_run_mark(&self, lane: u64, group: &str, mark: RunMark) {
+        let mut c = self.lock_commits();
+        let gid = c.id(group);
+        if mark.is_empty() {
+            if c.runs.remove(&(lane, gid)).is_none() {
+                return;
+            }
+        } else if c.runs.get(&(lane, gid)) == Some(&mark) {
+            return;
+        } else {
+            c.runs.insert((lane, gid), mark.clone());
+        }
+        let Commits { unjournaled, .. } = &mut *c;
+        encode_run(unjournaled, lane, gid, &mark);
+    }
+
     /// The stored start policy of a group (None: the group is new).
     pub fn group_meta(&self, parent: u32, group: &str) -> Result<Option<Vec<u8>>, LiteError> {
         let mut k = vec![b'G'];
@@ -1176,6 +1222,7 @@ impl Engine {
             let gids: Vec<u32> = c.ids.values().copied().collect();
             for gid in gids {
                 c.map.remove(&(lane, gid));
+                c.runs.remove(&(lane, gid));
             }
         }
         idx.marks.remove(&lane);

@@ -30,6 +30,7 @@ const KIND_GONE: u8 = 2;
 const KIND_CHECKPOINT: u8 = 3;
 const KIND_GROUP: u8 = 4;
 const KIND_COMMIT: u8 = 5;
+const KIND_RUN: u8 = 6;
 /// Longest payload accepted when reading (a lane key is at most a topic).
 const PAYLOAD_MAX: usize = 1 << 17;
 
@@ -156,6 +157,75 @@ pub enum Rec {
     Expect(u64),
     Group(u32, Box<str>),
     Commit(u64, u32, u64),
+    /// A group's delivery state of a lane that must outlive a restart (lane, group id, mark);
+    /// an empty mark clears it.
+    Run(u64, u32, RunMark),
+}
+
+/// What a consumer group had done with a lane beyond its committed offset: offsets below
+/// `sent_to` were delivered at least once to `holder` (a redelivery to it after a restart
+/// carries DUP=1),
+/// `attempts` per offset (dead-lettered at the parent's `max_attempts`), and a pause
+/// (`lane-suspend-ms` / `lane-retry-ms`) until `paused_until_us` (µs since the epoch; 0: none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunMark {
+    pub sent_to: u64,
+    pub paused_until_us: u64,
+    pub attempts: Vec<(u64, u32)>,
+    /// The client the delivered offsets went to (DUP=1 only for a redelivery to it).
+    pub holder: Box<str>,
+}
+
+impl RunMark {
+    /// Nothing to keep (the holder alone is not state).
+    pub fn is_empty(&self) -> bool {
+        self.sent_to == 0 && self.paused_until_us == 0 && self.attempts.is_empty()
+    }
+}
+
+/// Append one framed `Run` record.
+pub fn encode_run(out: &mut Vec<u8>, lane: u64, gid: u32, m: &RunMark) {
+    let mut p = vec![KIND_RUN];
+    put_u64(&mut p, lane);
+    p.extend_from_slice(&gid.to_be_bytes());
+    put_u64(&mut p, m.sent_to);
+    put_u64(&mut p, m.paused_until_us);
+    p.extend_from_slice(&(m.attempts.len().min(u32::MAX as usize) as u32).to_be_bytes());
+    for (off, n) in m.attempts.iter().take(u32::MAX as usize) {
+        put_u64(&mut p, *off);
+        p.extend_from_slice(&n.to_be_bytes());
+    }
+    p.extend_from_slice(m.holder.as_bytes());
+    frame(out, &p);
+}
+
+fn decode_run(p: &[u8]) -> Option<Rec> {
+    let lane = u64_at(p, 1)?;
+    let gid = u32::from_be_bytes(p.get(9..13)?.try_into().ok()?);
+    let sent_to = u64_at(p, 13)?;
+    let paused_until_us = u64_at(p, 21)?;
+    let n = u32::from_be_bytes(p.get(29..33)?.try_into().ok()?) as usize;
+    let holder_at = n.checked_mul(12)?.checked_add(33)?;
+    let holder = std::str::from_utf8(p.get(holder_at..)?).ok()?.into();
+    let attempts = (0..n)
+        .map(|i| {
+            let at = 33 + i * 12;
+            Some((
+                u64_at(p, at)?,
+                u32::from_be_bytes(p.get(at + 8..at + 12)?.try_into().ok()?),
+            ))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Rec::Run(
+        lane,
+        gid,
+        RunMark {
+            sent_to,
+            paused_until_us,
+            attempts,
+            holder,
+        },
+    ))
 }
 
 fn decode(p: &[u8]) -> Option<Rec> {
@@ -184,6 +254,7 @@ fn decode(p: &[u8]) -> Option<Rec> {
             u32::from_be_bytes(p.get(9..13)?.try_into().ok()?),
             u64_at(p, 13)?,
         )),
+        KIND_RUN => decode_run(p),
         _ => None,
     }
 }
@@ -282,7 +353,7 @@ fn load(
                     expect = c.lanes;
                 }
             }
-            Some(&KIND_GROUP) | Some(&KIND_COMMIT) => frame(&mut keep, &payload),
+            Some(&KIND_GROUP) | Some(&KIND_COMMIT) | Some(&KIND_RUN) => frame(&mut keep, &payload),
             _ => {}
         }
     }
@@ -336,7 +407,7 @@ pub fn read_only(dir: &Path, mut apply: impl FnMut(Rec)) -> io::Result<Option<Ch
 impl Journal {
     /// Open (or create) the journal in `dir` and hand `apply` the records that count, in file
     /// order: the `Lane` and `Gone` records of completed checkpoints (a `Gone` removes the
-    /// lane and its group offsets), every intact `Group` and `Commit` record. The file is read
+    /// lane and its group offsets), every intact `Group`, `Commit` and `Run` record. The file is read
     /// twice as a stream (find the last checkpoint, then apply), never held in memory.
     pub fn open(dir: &Path, mut apply: impl FnMut(Rec)) -> io::Result<(Journal, Loaded)> {
         std::fs::create_dir_all(dir)?;
@@ -445,6 +516,7 @@ mod tests {
         lanes: HashMap<u64, LaneRecord>,
         groups: Vec<(u32, Box<str>)>,
         commits: HashMap<(u64, u32), u64>,
+        runs: HashMap<(u64, u32), RunMark>,
     }
 
     fn load(d: &Path) -> (Journal, Loaded, T) {
@@ -462,6 +534,13 @@ mod tests {
             Rec::Group(g, n) => t.groups.push((g, n)),
             Rec::Commit(lane, g, o) => {
                 t.commits.insert((lane, g), o);
+            }
+            Rec::Run(lane, g, m) => {
+                if m.is_empty() {
+                    t.runs.remove(&(lane, g));
+                } else {
+                    t.runs.insert((lane, g), m);
+                }
             }
             Rec::Checkpoint(_) | Rec::Expect(_) => {}
         })
@@ -561,6 +640,58 @@ mod tests {
         let (_, _, t) = load(&d);
         assert_eq!(t.commits.get(&(1, 0)), Some(&4));
         assert_eq!(t.lanes.len(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn run_marks_round_trip_and_an_empty_one_clears() {
+        let d = dir("runs");
+        let (mut j, _, _) = load(&d);
+        let c = Checkpoint {
+            entries_end: 1,
+            watermark: 2,
+            next_id: 9,
+            lanes: 1,
+        };
+        j.append(lane(5, 4, "a"), &[], &c).unwrap();
+        let m = RunMark {
+            sent_to: 12,
+            paused_until_us: 1_800_000_000_000_000,
+            attempts: vec![(9, 1), (11, 3)],
+            holder: "worker-1".into(),
+        };
+        let mut b = Vec::new();
+        encode_group(&mut b, 0, "workers");
+        encode_run(&mut b, 5, 0, &m);
+        encode_run(
+            &mut b,
+            6,
+            0,
+            &RunMark {
+                sent_to: 2,
+                ..RunMark::default()
+            },
+        );
+        encode_run(&mut b, 6, 0, &RunMark::default());
+        j.append_commits(&b).unwrap();
+        drop(j);
+        let (_, _, t) = load(&d);
+        assert_eq!(t.runs.len(), 1);
+        assert_eq!(t.runs.get(&(5, 0)), Some(&m));
+        // A count larger than the record is not a record.
+        let mut b = Vec::new();
+        encode_run(
+            &mut b,
+            5,
+            0,
+            &RunMark {
+                holder: "".into(),
+                ..m.clone()
+            },
+        );
+        let payload = &b[8..];
+        assert!(decode(payload).is_some());
+        assert!(decode(&payload[..payload.len() - 1]).is_none());
         std::fs::remove_dir_all(&d).unwrap();
     }
 
