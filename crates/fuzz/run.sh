@@ -10,8 +10,8 @@ secs="${1:-1800}"
 shift || true
 cd "$(dirname "$0")"
 export RUSTC_BOOTSTRAP=1
-for target in $(cargo fuzz list); do
+for target in $(cargo fuzz list --fuzz-dir "$PWD"); do
     echo "== fuzzing $target for ${secs}s"
     mkdir -p "corpus/$target" "seeds/$target"
-    cargo fuzz run "$target" "corpus/$target" "seeds/$target" -- -max_total_time="$secs" "$@"
+    cargo fuzz run --fuzz-dir "$PWD" "$target" "corpus/$target" "seeds/$target" -- -max_total_time="$secs" "$@"
 done
