@@ -3,7 +3,9 @@
 //!
 //! * [`PasswordFile`]: password files compatible with `mosquitto_passwd` (`$7$` PBKDF2-SHA512
 //!   and `$6$` salted SHA-512 entries), constant-time verification, `$7$` entries for new or
-//!   changed passwords.
+//!   changed passwords, and `SCRAM-SHA-256$` entries.
+//! * [`scram`]: the server side of SCRAM-SHA-256/-512 (RFC 5802/7677) for MQTT 5 enhanced
+//!   authentication, on the credentials of a [`PasswordFile`].
 //! * [`Acl`]: the line-oriented ACL format documented in `docs/security.md` and in
 //!   [`acl`]: ordered `allow`/`deny` rules by username, client id, IP/CIDR or everyone;
 //!   actions `publish`, `subscribe`, `create`; exact topics, MQTT filters and regular
@@ -17,6 +19,7 @@
 pub mod acl;
 mod error;
 pub mod passwd;
+pub mod scram;
 mod topic;
 
 pub use acl::{Acl, Action, DecidedBy, Decision, Request, RuleRef};

@@ -5,7 +5,13 @@
 //! * `$7$<iterations>$<base64 salt>$<base64 hash>`: PBKDF2-HMAC-SHA512 (mosquitto's default
 //!   since 2.0; `mosquitto_passwd` uses 101 iterations, a 12-byte salt and a 64-byte hash), or
 //! * `$6$<base64 salt>$<base64 hash>`: `SHA-512(password || salt)` (mosquitto 1.6 and earlier,
-//!   `mosquitto_passwd -H sha512`).
+//!   `mosquitto_passwd -H sha512`), or
+//! * `SCRAM-SHA-256$<iterations>:<base64 salt>$<base64 StoredKey>:<base64 ServerKey>`: a
+//!   SCRAM-SHA-256 secret in PostgreSQL's notation (`lanemq passwd --scram-sha-256`; lanemq
+//!   only, mosquitto cannot read such a line). It verifies a CONNECT password too.
+//!
+//! For MQTT 5 enhanced authentication ([`crate::scram`]), a `$7$` entry is SCRAM-SHA-512's
+//! SaltedPassword as it stands, and a `SCRAM-SHA-256$` entry is SCRAM-SHA-256's stored keys.
 //!
 //! As in mosquitto, blank lines and lines beginning with `#` are ignored and blanks around the
 //! username and the hash are trimmed. Unlike mosquitto, which skips them silently, a line
@@ -16,9 +22,10 @@
 //! order of its entries preserved; changed entries are always written as `$7$`.
 
 use crate::error::{read_file, LoadError, ParseError};
+use crate::scram::{Credentials, Mechanism, SCRAM_SHA256_ITERATIONS};
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
-use sha2::{Digest, Sha512};
+use sha2::{Digest, Sha256, Sha512};
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
@@ -53,6 +60,13 @@ enum Hash {
         salt: Vec<u8>,
         hash: Vec<u8>,
     },
+    /// `SCRAM-SHA-256$`: the stored keys of SCRAM-SHA-256 (RFC 5802 §3).
+    Scram256 {
+        iterations: u32,
+        salt: Vec<u8>,
+        stored_key: Vec<u8>,
+        server_key: Vec<u8>,
+    },
 }
 
 impl Hash {
@@ -73,12 +87,54 @@ impl Hash {
                 pbkdf2::pbkdf2_hmac::<Sha512>(password, salt, *iterations, &mut out);
                 out
             }
+            Hash::Scram256 {
+                iterations, salt, ..
+            } => {
+                Credentials::from_password(Mechanism::Sha256, password, salt.clone(), *iterations)
+                    .stored_key
+            }
         }
     }
 
     fn expected(&self) -> &[u8] {
         match self {
             Hash::Sha512 { hash, .. } | Hash::Pbkdf2 { hash, .. } => hash,
+            Hash::Scram256 { stored_key, .. } => stored_key,
+        }
+    }
+
+    /// The SCRAM credentials this entry holds for `mechanism`, if any.
+    fn scram(&self, mechanism: Mechanism) -> Option<Credentials> {
+        match (self, mechanism) {
+            (
+                Hash::Pbkdf2 {
+                    iterations,
+                    salt,
+                    hash,
+                },
+                Mechanism::Sha512,
+            ) => Some(Credentials::from_salted_password(
+                mechanism,
+                salt.clone(),
+                *iterations,
+                hash,
+            )),
+            (
+                Hash::Scram256 {
+                    iterations,
+                    salt,
+                    stored_key,
+                    server_key,
+                },
+                Mechanism::Sha256,
+            ) => Some(Credentials::from_keys(
+                mechanism,
+                salt.clone(),
+                *iterations,
+                stored_key.clone(),
+                server_key.clone(),
+            )),
+            _ => None,
         }
     }
 
@@ -92,6 +148,17 @@ impl Hash {
                 salt,
                 hash,
             } => format!("$7${iterations}${}${}", B64.encode(salt), B64.encode(hash)),
+            Hash::Scram256 {
+                iterations,
+                salt,
+                stored_key,
+                server_key,
+            } => format!(
+                "SCRAM-SHA-256${iterations}:{}${}:{}",
+                B64.encode(salt),
+                B64.encode(stored_key),
+                B64.encode(server_key)
+            ),
         }
     }
 }
@@ -102,6 +169,7 @@ impl fmt::Debug for Hash {
         match self {
             Hash::Sha512 { .. } => f.write_str("$6$…"),
             Hash::Pbkdf2 { iterations, .. } => write!(f, "$7${iterations}$…"),
+            Hash::Scram256 { iterations, .. } => write!(f, "SCRAM-SHA-256${iterations}:…"),
         }
     }
 }
@@ -124,6 +192,9 @@ pub struct PasswordFile {
     lines: Vec<Line>,
     /// username -> index into `lines`.
     index: HashMap<String, usize>,
+    /// Keys the salts of unknown users in SCRAM exchanges: a digest of the file as read, so
+    /// it is stable across restarts and unknown to whoever cannot read the file.
+    scram_secret: [u8; 32],
 }
 
 /// Why a password file could not be changed.
@@ -253,10 +324,51 @@ fn parse_hash(text: &str) -> Result<Hash, (usize, String)> {
             ));
         }
         Ok(Hash::Sha512 { salt, hash })
+    } else if let Some(rest) = text.strip_prefix("SCRAM-SHA-256$") {
+        const PREFIX: usize = "SCRAM-SHA-256$".len();
+        let shape = "a SCRAM-SHA-256 entry is SCRAM-SHA-256$<iterations>:<base64 salt>$<base64 StoredKey>:<base64 ServerKey>";
+        let Some((params, keys)) = rest.split_once('$') else {
+            return Err((0, shape.into()));
+        };
+        let (Some((iter, salt)), Some((stored, server))) =
+            (params.split_once(':'), keys.split_once(':'))
+        else {
+            return Err((0, shape.into()));
+        };
+        let iterations: u32 = iter
+            .parse()
+            .ok()
+            .filter(|n| (1..=MAX_ITERATIONS).contains(n))
+            .ok_or_else(|| {
+                (
+                    PREFIX,
+                    format!("iterations must be an integer from 1 to {MAX_ITERATIONS}"),
+                )
+            })?;
+        let salt_at = PREFIX + iter.len() + 1;
+        let salt = decode(salt, salt_at, "salt")?;
+        if salt.is_empty() {
+            return Err((salt_at, "empty salt".into()));
+        }
+        let stored_at = PREFIX + params.len() + 1;
+        let stored_key = decode(stored, stored_at, "StoredKey")?;
+        let server_at = stored_at + stored.len() + 1;
+        let server_key = decode(server, server_at, "ServerKey")?;
+        for (key, at) in [(&stored_key, stored_at), (&server_key, server_at)] {
+            if key.len() != 32 {
+                return Err((at, format!("key is {} bytes, SHA-256 makes 32", key.len())));
+            }
+        }
+        Ok(Hash::Scram256 {
+            iterations,
+            salt,
+            stored_key,
+            server_key,
+        })
     } else {
         Err((
             0,
-            "expected a $7$ (PBKDF2-SHA512) or $6$ (SHA-512) hash; plain-text passwords are not accepted (hash them with `lanemq passwd` or `mosquitto_passwd -U`)".into(),
+            "expected a $7$ (PBKDF2-SHA512), $6$ (SHA-512) or SCRAM-SHA-256$ hash; plain-text passwords are not accepted (hash them with `lanemq passwd` or `mosquitto_passwd -U`)".into(),
         ))
     }
 }
@@ -280,6 +392,10 @@ impl PasswordFile {
     /// Parse the text of a password file; `source_name` names it in errors.
     pub fn parse_named(text: &str, source_name: &str) -> Result<PasswordFile, ParseError> {
         let mut file = PasswordFile::default();
+        let mut d = Sha256::new();
+        d.update(b"lanemq scram unknown-user salt\0");
+        d.update(text.as_bytes());
+        file.scram_secret = d.finalize().into();
         for (i, raw) in text.lines().enumerate() {
             let lineno = i + 1;
             let trimmed = raw.trim_matches(is_blank);
@@ -386,6 +502,45 @@ impl PasswordFile {
         }
     }
 
+    /// The SCRAM credentials of `user` for `mechanism`: from a `$7$` entry for SCRAM-SHA-512,
+    /// from a `SCRAM-SHA-256$` entry for SCRAM-SHA-256. A user without a usable entry gets
+    /// [`Credentials::unknown`], which never verifies but looks like a real user's.
+    pub fn scram_credentials(&self, user: &str, mechanism: Mechanism) -> Credentials {
+        let entry = self.index.get(user).and_then(|&i| match self.lines.get(i) {
+            Some(Line::Entry { hash, .. }) => hash.scram(mechanism),
+            _ => None,
+        });
+        entry.unwrap_or_else(|| {
+            let iterations = match mechanism {
+                Mechanism::Sha512 => DEFAULT_ITERATIONS,
+                Mechanism::Sha256 => SCRAM_SHA256_ITERATIONS,
+            };
+            Credentials::unknown(mechanism, user, &self.scram_secret, iterations)
+        })
+    }
+
+    /// Add `user` or replace its password, as a `SCRAM-SHA-256$` entry (4096 iterations, a
+    /// fresh random 16-byte salt). Such an entry serves SCRAM-SHA-256 and CONNECT passwords.
+    pub fn upsert_scram_sha256(&mut self, user: &str, password: &[u8]) -> Result<(), PasswdError> {
+        if !valid_username(user) {
+            return Err(PasswdError::InvalidUsername(user.to_string()));
+        }
+        let mut salt = vec![0u8; 16];
+        getrandom::fill(&mut salt).map_err(|e| PasswdError::Random(e.to_string()))?;
+        let c =
+            Credentials::from_password(Mechanism::Sha256, password, salt, SCRAM_SHA256_ITERATIONS);
+        self.put(
+            user,
+            Hash::Scram256 {
+                iterations: c.iterations,
+                salt: c.salt,
+                stored_key: c.stored_key,
+                server_key: c.server_key,
+            },
+        );
+        Ok(())
+    }
+
     /// Add `user` or replace its password, as a `$7$` entry with [`DEFAULT_ITERATIONS`] and a
     /// fresh random 12-byte salt. An existing entry keeps its place in the file.
     pub fn upsert(&mut self, user: &str, password: &[u8]) -> Result<(), PasswdError> {
@@ -414,6 +569,12 @@ impl PasswordFile {
         if let Hash::Pbkdf2 { hash: h, .. } = &mut hash {
             *h = computed;
         }
+        self.put(user, hash);
+        Ok(())
+    }
+
+    /// Set the entry of a valid `user`, in place if it exists, else at the end.
+    fn put(&mut self, user: &str, hash: Hash) {
         let text = format!("{user}:{}", hash.encode());
         let line = Line::Entry {
             user: user.to_string(),
@@ -431,7 +592,6 @@ impl PasswordFile {
                 self.lines.push(line);
             }
         }
-        Ok(())
     }
 
     /// Remove `user`; false if there was no such entry.

@@ -260,3 +260,93 @@ fn unknown_user_costs_a_hash() {
         "{unknown:?} vs {known:?}"
     );
 }
+
+/// One SCRAM exchange against the credentials `pf` holds for `user`.
+fn scram_login(
+    pf: &PasswordFile,
+    mech: lanemq_acl::scram::Mechanism,
+    user: &str,
+    password: &str,
+) -> Result<(), lanemq_acl::scram::ScramError> {
+    use lanemq_acl::scram::{Client, ClientFirst, ServerFirst};
+    let (client, first) = Client::start(mech, user, password.as_bytes(), "c-nonce");
+    let cf = ClientFirst::parse(first.as_bytes())?;
+    let creds = pf.scram_credentials(&cf.username, mech);
+    let (state, sf) = ServerFirst::start(cf, creds, "s-nonce");
+    let (fin, cfinal) = client.finish(&sf)?;
+    let v = state.finish(cfinal.as_bytes())?;
+    assert_eq!(v.username, user);
+    fin.verify_server(&v.server_final)
+}
+
+/// A file written by the real mosquitto_passwd serves SCRAM-SHA-512 as it is: a `$7$` entry
+/// is the SaltedPassword (no migration).
+#[test]
+fn mosquitto_files_serve_scram_sha512() {
+    use lanemq_acl::scram::{Mechanism, ScramError};
+    let Some(bin) = mosquitto_passwd() else {
+        return;
+    };
+    let p = tmp("scram512");
+    let ps = p.to_str().expect("utf-8 path");
+    run(bin, &["-c", "-b", ps, "alice", "s3cret"]);
+    let pf = PasswordFile::load(&p).expect("load");
+    scram_login(&pf, Mechanism::Sha512, "alice", "s3cret").expect("SCRAM-SHA-512");
+    assert_eq!(
+        scram_login(&pf, Mechanism::Sha512, "alice", "wrong"),
+        Err(ScramError::InvalidProof)
+    );
+    assert_eq!(
+        scram_login(&pf, Mechanism::Sha512, "nobody", "s3cret"),
+        Err(ScramError::InvalidProof)
+    );
+    // A $7$ entry holds nothing SCRAM-SHA-256 can use.
+    assert_eq!(
+        scram_login(&pf, Mechanism::Sha256, "alice", "s3cret"),
+        Err(ScramError::InvalidProof)
+    );
+}
+
+#[test]
+fn scram_sha256_entries() {
+    use lanemq_acl::scram::{Mechanism, ScramError};
+    let mut pf = PasswordFile::new();
+    pf.upsert_scram_sha256("bob", b"pencil").expect("upsert");
+    pf.upsert("carol", b"pw").expect("upsert");
+    let text = pf.to_string();
+    let line = text.lines().next().expect("a line");
+    assert!(line.starts_with("bob:SCRAM-SHA-256$4096:"), "{line}");
+    let back = PasswordFile::parse(&text).expect("round trip");
+    assert!(back.verify("bob", b"pencil"), "CONNECT passwords work too");
+    assert!(!back.verify("bob", b"pencil2"));
+    scram_login(&back, Mechanism::Sha256, "bob", "pencil").expect("SCRAM-SHA-256");
+    assert_eq!(
+        scram_login(&back, Mechanism::Sha256, "bob", "x"),
+        Err(ScramError::InvalidProof)
+    );
+    assert_eq!(
+        scram_login(&back, Mechanism::Sha512, "bob", "pencil"),
+        Err(ScramError::InvalidProof)
+    );
+    scram_login(&back, Mechanism::Sha512, "carol", "pw").expect("$7$ by lanemq");
+    // Unknown users get a salt that does not change between asks.
+    let salt = |pf: &PasswordFile| pf.scram_credentials("ghost", Mechanism::Sha256).salt;
+    assert_eq!(salt(&back), salt(&back));
+
+    // Parse errors point at the field.
+    for (bad, what) in [
+        ("u:SCRAM-SHA-256$4096:c2FsdA==", "a SCRAM-SHA-256 entry is"),
+        ("u:SCRAM-SHA-256$0:c2FsdA==$AAAA:AAAA", "iterations"),
+        (
+            "u:SCRAM-SHA-256$4096:c2FsdA==$AAAA:AAAA",
+            "SHA-256 makes 32",
+        ),
+        (
+            "u:SCRAM-SHA-256$4096:!!$AAAA:AAAA",
+            "salt is not valid base64",
+        ),
+    ] {
+        let e = PasswordFile::parse(bad).expect_err(bad);
+        assert!(e.message.contains(what), "{bad}: {e}");
+    }
+}
