@@ -85,3 +85,22 @@ fn check_config_and_serve_report_every_problem_with_line_and_key() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn auth_methods_are_checked() {
+    let dir = child::TempDir::new("config-auth-methods");
+    let file = dir.0.join("scram.toml");
+    std::fs::write(
+        &file,
+        "[server]\nauth_methods = [\"SCRAM-SHA-1\", \"SCRAM-SHA-512\"]\n",
+    )
+    .unwrap();
+    let out = run(&["check-config", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("server.auth_methods: unknown method \"SCRAM-SHA-1\""),
+        "{err}"
+    );
+    assert!(err.contains("SCRAM needs server.password_file"), "{err}");
+}

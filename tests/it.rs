@@ -12,6 +12,7 @@ mod child;
 mod admin_api;
 mod config_cli;
 mod durability_restart;
+mod enhanced_auth;
 mod flow_control;
 mod kill9;
 mod lanes;

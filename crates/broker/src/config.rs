@@ -113,6 +113,10 @@ pub struct ServerConfig {
     pub password_file: Option<PathBuf>,
     /// ACL file (docs/security.md); unset = the embedded copy of `acl/default.acl`.
     pub acl_file: Option<PathBuf>,
+    /// MQTT 5 enhanced authentication methods offered (`SCRAM-SHA-512`, `SCRAM-SHA-256`),
+    /// checked against `password_file`. Empty: a CONNECT with an Authentication Method gets
+    /// 0x8C Bad authentication method.
+    pub auth_methods: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -124,6 +128,7 @@ impl Default for ServerConfig {
             sys_interval_s: 10,
             password_file: None,
             acl_file: None,
+            auth_methods: Vec::new(),
         }
     }
 }
@@ -421,6 +426,19 @@ impl Config {
             if let Err(e) = lanemq_acl::PasswordFile::load(p) {
                 errors.push(format!("server.password_file: {e}"));
             }
+        }
+        for m in &self.server.auth_methods {
+            if lanemq_acl::scram::Mechanism::from_name(m).is_none() {
+                errors.push(format!(
+                    "server.auth_methods: unknown method {m:?} (known: SCRAM-SHA-512, SCRAM-SHA-256)"
+                ));
+            }
+        }
+        if !self.server.auth_methods.is_empty() && self.server.password_file.is_none() {
+            errors.push(
+                "server.auth_methods: SCRAM needs server.password_file (the users and their keys)"
+                    .to_string(),
+            );
         }
         if let Some(p) = &self.server.acl_file {
             if let Err(e) = lanemq_acl::Acl::load(p) {

@@ -152,7 +152,25 @@ where
             return Ok(());
         }
     };
-    let Some(mut conn) = Conn::handshake(broker.clone(), *connect, peer, &mut writer).await? else {
+    let mut connect = *connect;
+    let mut enhanced = None;
+    if connect.protocol.is_v5() && connect.properties.authentication_method.is_some() {
+        enhanced = crate::enhanced_auth::connect_exchange(
+            &broker,
+            &mut connect,
+            &mut reader,
+            &mut writer,
+            &mut rbuf,
+            peer,
+        )
+        .await?;
+        if enhanced.is_none() {
+            return Ok(());
+        }
+    }
+    let Some(mut conn) =
+        Conn::handshake(broker.clone(), connect, enhanced, peer, &mut writer).await?
+    else {
         return Ok(());
     };
     tracing::Span::current().record("client_id", &*conn.client_id);
@@ -357,12 +375,15 @@ struct Conn {
     peer: SocketAddr,
     /// Feeder task of each stream subscription, by full filter.
     feeders: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// Enhanced authentication: the method and user, and a re-authentication in progress.
+    enhanced: Option<Box<crate::enhanced_auth::Live>>,
 }
 
 impl Conn {
     async fn handshake<W: AsyncWrite + Unpin>(
         broker: Arc<Broker>,
         c: Connect,
+        enhanced: Option<crate::enhanced_auth::Verified>,
         peer: SocketAddr,
         writer: &mut W,
     ) -> std::io::Result<Option<Conn>> {
@@ -390,9 +411,10 @@ impl Conn {
             } else {
                 rc::SERVER_UNAVAILABLE
             });
-        } else if c.properties.authentication_method.is_some() {
+        } else if c.properties.authentication_method.is_some() && enhanced.is_none() {
+            // MQTT 3.1.1 has no AUTH; an MQTT 5 CONNECT with a method ran the exchange already.
             reject = Some(rc::BAD_AUTHENTICATION_METHOD);
-        } else if !authenticate(&broker, &c).await {
+        } else if enhanced.is_none() && !authenticate(&broker, &c).await {
             broker.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
             warn!(
                 username = c.username.as_deref().unwrap_or(""),
@@ -477,6 +499,10 @@ impl Conn {
                 props.retain_available = Some(false);
             }
             props.maximum_packet_size = Some(cfg.max_packet_size_bytes);
+            if let Some(v) = &enhanced {
+                props.authentication_method = Some(v.method.clone());
+                props.authentication_data = Some(v.server_final.clone());
+            }
             if cfg.topic_alias_max > 0 {
                 props.topic_alias_maximum = Some(cfg.topic_alias_max);
             }
@@ -644,6 +670,9 @@ impl Conn {
             abs_written: 0,
             peer,
             feeders: HashMap::new(),
+            enhanced: enhanced
+                .as_ref()
+                .map(|v| Box::new(crate::enhanced_auth::Live::new(v))),
         };
         if resumed {
             broker
@@ -1150,7 +1179,15 @@ impl Conn {
                 Ok(())
             }
             Packet::Disconnect(d) => self.on_disconnect(d),
-            Packet::Auth(_) => Err(Close::error(rc::PROTOCOL_ERROR)),
+            Packet::Auth(a) => {
+                // An AUTH without a method in CONNECT is a Protocol Error [MQTT-4.12.0-7].
+                let Some(live) = self.enhanced.as_mut() else {
+                    return Err(Close::error(rc::PROTOCOL_ERROR));
+                };
+                let reply = live.on_auth(&self.broker, a).map_err(Close::error)?;
+                self.encode(&reply);
+                Ok(())
+            }
             Packet::Connect(_) => Err(Close::error(rc::PROTOCOL_ERROR)),
             Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
                 Err(Close::error(rc::PROTOCOL_ERROR))

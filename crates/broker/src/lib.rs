@@ -9,6 +9,7 @@ pub mod broker;
 pub mod config;
 pub mod config_lines;
 pub mod connection;
+pub(crate) mod enhanced_auth;
 pub mod listener;
 pub mod lite;
 pub mod message;

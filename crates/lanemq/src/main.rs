@@ -46,6 +46,10 @@ enum Command {
         /// Remove the user instead.
         #[arg(long)]
         delete: bool,
+        /// Store a SCRAM-SHA-256 entry (`SCRAM-SHA-256$...`, lanemq only) instead of `$7$`:
+        /// usable for MQTT 5 SCRAM-SHA-256 and for CONNECT passwords; mosquitto cannot read it.
+        #[arg(long, conflicts_with = "delete")]
+        scram_sha_256: bool,
     },
     /// ACL tools.
     Acl {
@@ -167,7 +171,12 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve(args),
         Command::Bench(opts) => bench(opts),
         Command::Log { command } => log_command(command),
-        Command::Passwd { file, user, delete } => passwd(&file, &user, delete),
+        Command::Passwd {
+            file,
+            user,
+            delete,
+            scram_sha_256,
+        } => passwd(&file, &user, delete, scram_sha_256),
         Command::Acl { command } => acl_command(command),
         Command::Streams(args) => streams_cli::run(args),
         Command::Lanes(args) => lanes_cli::run(args),
@@ -347,7 +356,7 @@ fn read_password() -> Result<String> {
     Ok(pw)
 }
 
-fn passwd(file: &Path, user: &str, delete: bool) -> Result<()> {
+fn passwd(file: &Path, user: &str, delete: bool, scram_sha_256: bool) -> Result<()> {
     let mut pf = if file.exists() {
         lanemq_acl::PasswordFile::load(file).map_err(|e| anyhow::anyhow!("{e}"))?
     } else {
@@ -359,8 +368,12 @@ fn passwd(file: &Path, user: &str, delete: bool) -> Result<()> {
         }
     } else {
         let pw = read_password()?;
-        pf.upsert(user, pw.as_bytes())
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if scram_sha_256 {
+            pf.upsert_scram_sha256(user, pw.as_bytes())
+        } else {
+            pf.upsert(user, pw.as_bytes())
+        }
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     pf.save(file)
         .with_context(|| format!("cannot write {}", file.display()))?;
