@@ -3,7 +3,8 @@
 # interop/mqttjs/scenarios.mjs — MQTT 5 and 3.1.1 connect, QoS 0/1/2 both ways in order,
 # retained (and cleared), a delayed will after an abrupt close, a `$stream/` replay with
 # `stream-offset=earliest` that then goes live, a lane group of two members (each message
-# once, every lane in order, lane-offset 0..4, both members used).
+# once, every lane in order, lane-offset 0..4, both members used), SCRAM-SHA-512/-256 enhanced
+# authentication with re-authentication (a SCRAM client written on node:crypto).
 #
 # Installs what it needs: Debian's nodejs and npm when `node` is missing (apt-get), and the
 # pinned package with `npm ci` (package-lock.json) into interop/mqttjs/node_modules.
@@ -29,8 +30,22 @@ if [ ! -f "$DIR/node_modules/mqtt/package.json" ]; then
 fi
 
 echo "default allow" >"$WORK/allow.acl"
+# Users for the SCRAM scenario: carol from the real mosquitto_passwd when it is installed
+# ($7$, served as SCRAM-SHA-512 with no migration), alice ($7$) and bob (SCRAM-SHA-256$) from
+# `lanemq passwd`. Anonymous clients stay allowed for the other scenarios.
+PASSWD=$WORK/passwd
+rm -f "$PASSWD"
+SCRAM_USERS=""
+if command -v mosquitto_passwd >/dev/null; then
+  mosquitto_passwd -c -b "$PASSWD" carol 'c4rol pw' && SCRAM_USERS="SCRAM-SHA-512:carol:c4rol pw,"
+fi
+echo 'alice-pw' | "$LANEMQ_BIN" passwd "$PASSWD" alice >/dev/null
+echo 'bob-pw' | "$LANEMQ_BIN" passwd --scram-sha-256 "$PASSWD" bob >/dev/null
+export SCRAM_USERS="${SCRAM_USERS}SCRAM-SHA-512:alice:alice-pw,SCRAM-SHA-256:bob:bob-pw"
 start_broker "[server]
 acl_file = \"$WORK/allow.acl\"
+password_file = \"$PASSWD\"
+auth_methods = [\"SCRAM-SHA-512\", \"SCRAM-SHA-256\"]
 [[streams]]
 name = \"events\"
 topic_filter = \"ev/#\"
