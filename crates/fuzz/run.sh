@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every cargo-fuzz target for a given number of seconds each (default 1800: 30 minutes,
-# so a full run of the three targets takes 1.5 hours; not part of the test command).
+# so a full run of the four targets takes 2 hours; not part of the test command).
 #   crates/fuzz/run.sh [seconds] [extra libFuzzer args...]
 # A crash leaves its input under crates/fuzz/artifacts/<target>/; make it a regression test.
 # Needs cargo-fuzz (`cargo install cargo-fuzz`). Only a stable toolchain is required:
