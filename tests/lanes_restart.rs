@@ -291,3 +291,108 @@ async fn lane_deliveries_in_flight_come_again_with_dup_after_kill_9() {
         "redelivered after kill -9 without DUP=1: {again:?}"
     );
 }
+
+/// Subscribe to one lane without a group, with `lane-offset` (a private replay).
+async fn replay(c: &mut RawClient, filter: &str, offset: &str) {
+    let pid = c.next_pid();
+    let mut properties = SubscribeProperties::default();
+    properties
+        .user_properties
+        .push(("lane-offset".into(), offset.into()));
+    c.send(Packet::Subscribe(Subscribe {
+        packet_id: pid,
+        filters: vec![SubscribeFilter {
+            filter: filter.into(),
+            options: sub_opts(QoS::AtLeastOnce),
+        }],
+        properties,
+    }))
+    .await;
+    match c.recv().await {
+        Packet::SubAck(a) => assert_eq!(a.reason_codes, vec![1]),
+        other => panic!("expected SUBACK, got {other:?}"),
+    }
+}
+
+/// A private one-lane replay of a persistent session is restored with the session after a
+/// restart: it goes on after the last acknowledged offset, what was delivered and not
+/// acknowledged comes again with DUP=1 [MQTT-4.4.0-1], and then it follows the lane live. A
+/// new SUBSCRIBE with another `lane-offset` starts over from there; after an UNSUBSCRIBE
+/// nothing of it comes back.
+#[tokio::test]
+async fn private_lane_replay_is_restored_with_its_session() {
+    let cfg = format!("{FSYNC_ALWAYS}{LITE}");
+    let mut b = Broker::start("lanes-private-restart", &cfg).await;
+    let mut p = RawClient::connect_ok(b.addr, connect_v5("priv-p")).await;
+    for i in 0..6 {
+        p.publish_qos1("agents/s1/x", format!("m{i}").as_bytes())
+            .await;
+    }
+    p.disconnect().await;
+    let mut r = RawClient::connect_ok(b.addr, persistent("priv-r", true)).await;
+    replay(&mut r, "agents/s1/#", "1").await;
+    let first = drain(&mut r, 300, false).await;
+    let offs: Vec<u64> = first.iter().map(offset_of).collect();
+    assert_eq!(offs, vec![1, 2, 3, 4, 5], "{first:?}");
+    // Acknowledge 1 and 2 only.
+    for d in &first[..2] {
+        r.send(Packet::PubAck(PubResp::new(d.packet_id, 0))).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(r);
+    let status = b.terminate().await;
+    assert!(status.success(), "{}", b.log_tail(20));
+    b.restart().await;
+
+    let (mut r, ack) = RawClient::connect_ack(b.addr, persistent("priv-r", false)).await;
+    assert!(ack.session_present);
+    let again = drain(&mut r, 500, true).await;
+    let offs: Vec<u64> = again.iter().map(offset_of).collect();
+    assert_eq!(
+        offs,
+        vec![3, 4, 5],
+        "acknowledged 1 and 2 must not come again: {again:?}"
+    );
+    assert!(
+        again.iter().all(|d| d.dup),
+        "redelivered without DUP=1: {again:?}"
+    );
+    // It follows the lane live.
+    let mut p = RawClient::connect_ok(b.addr, connect_v5("priv-p")).await;
+    p.publish_qos1("agents/s1/x", b"m6").await;
+    let live = r.recv_publish().await;
+    assert_eq!(offset_of(&live), 6);
+    assert!(!live.dup);
+    r.send(Packet::PubAck(PubResp::new(live.packet_id, 0)))
+        .await;
+    // Subscribing again with another offset starts over there, also after a restart.
+    replay(&mut r, "agents/s1/#", "5").await;
+    let over = drain(&mut r, 300, true).await;
+    assert_eq!(over.iter().map(offset_of).collect::<Vec<_>>(), vec![5, 6]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(r);
+    let status = b.terminate().await;
+    assert!(status.success(), "{}", b.log_tail(20));
+    b.restart().await;
+    let mut r = RawClient::connect_ok(b.addr, persistent("priv-r", false)).await;
+    assert!(
+        drain(&mut r, 400, true).await.is_empty(),
+        "all of it was acknowledged"
+    );
+    p = RawClient::connect_ok(b.addr, connect_v5("priv-p")).await;
+    p.publish_qos1("agents/s1/x", b"m7").await;
+    assert_eq!(offset_of(&r.recv_publish().await), 7);
+    // After an UNSUBSCRIBE the replay is gone, also after a restart.
+    r.unsubscribe("agents/s1/#").await;
+    drop(r);
+    let status = b.terminate().await;
+    assert!(status.success(), "{}", b.log_tail(20));
+    b.restart().await;
+    let mut r = RawClient::connect_ok(b.addr, persistent("priv-r", false)).await;
+    let mut p = RawClient::connect_ok(b.addr, connect_v5("priv-p")).await;
+    p.publish_qos1("agents/s1/x", b"m8").await;
+    assert!(
+        drain(&mut r, 400, true).await.is_empty(),
+        "an unsubscribed replay came back"
+    );
+}

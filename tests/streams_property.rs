@@ -1360,7 +1360,8 @@ async fn sigterm_right_after_start_is_graceful() {
         let status = b.terminate().await;
         assert!(
             status.success(),
-            "round {round}: exit status after a SIGTERM right after start: {status}"
+            "round {round}: exit status after a SIGTERM right after start: {status}; log tail:\n{}",
+            b.log_tail(30)
         );
         b.restart().await;
     }

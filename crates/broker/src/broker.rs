@@ -443,6 +443,7 @@ impl Broker {
                     qos: sub.options.qos.min(QoS::AtLeastOnce),
                     sub_id: sub.sub_id,
                     start: None,
+                    stored: true,
                 })));
             return Vec::new();
         }
@@ -510,6 +511,7 @@ impl Broker {
                         qos,
                         sub_id: sub.sub_id,
                         start: None,
+                        stored: true,
                     })));
                 tracing::info!(client = %session.client_id, %filter, "shared subscription now a lane group: a lite parent covers its filter");
                 converted += 1;
@@ -972,6 +974,25 @@ impl Broker {
             // was released).
             for (filter, v) in &subs {
                 let (options, sub_id) = decode_sub(v);
+                if crate::persist::is_lane_replay(v) {
+                    if let Some((parent, sel)) = self.lite.lane_filter(filter) {
+                        // A private one-lane replay: it goes on from its stored position.
+                        self.lite
+                            .send(crate::lite::Event::Join(Box::new(crate::lite::Join {
+                                session: session.clone(),
+                                filter: filter.clone(),
+                                group: None,
+                                parent,
+                                sel,
+                                inner: filter.clone(),
+                                qos: options.qos.min(QoS::AtLeastOnce),
+                                sub_id,
+                                start: None,
+                                stored: true,
+                            })));
+                        continue;
+                    }
+                }
                 self.add_subscription(
                     &session,
                     filter,

@@ -1688,12 +1688,19 @@ impl Conn {
                             qos,
                             sub_id,
                             start,
+                            stored: group.is_some() || self.persistent(),
                         })));
-                    if group.is_some() && self.persistent() {
+                    if self.persistent() {
+                        // A private replay is stored too, flagged: it is restored with its
+                        // session and goes on from its stored position.
+                        let mut value = crate::persist::encode_sub(&options, sub_id);
+                        if group.is_none() {
+                            value[1] |= crate::persist::SUB_FLAG_LANE_REPLAY;
+                        }
                         let t = self.broker.persist.submit(Op::SubPut {
                             client: self.client_id.clone(),
                             filter: f.filter.clone(),
-                            value: crate::persist::encode_sub(&options, sub_id),
+                            value,
                         });
                         sub_ticket = Some(t);
                     }

@@ -133,6 +133,9 @@ pub struct Join {
     pub sub_id: Option<u32>,
     /// The start of a new group (None: stored, else earliest).
     pub start: Option<Start>,
+    /// Keep the group's position, deliveries and pauses across restarts. Always for a named
+    /// group; for a private one-lane replay when its session outlives the connection.
+    pub stored: bool,
 }
 
 /// A dispatcher query (REST): runs on the dispatcher thread.
@@ -394,6 +397,9 @@ struct Group {
     parent: u32,
     name: Arc<str>,
     private: bool,
+    /// Its offsets, run marks and start are stored (every named group; a private replay of
+    /// a persistent session).
+    stored: bool,
     start: Start,
     members: Vec<Member>,
     committed: HashMap<u64, u64>,
@@ -567,7 +573,10 @@ impl Dispatcher {
             return (id, false);
         }
         let private = j.group.is_none();
-        let stored = if private {
+        let keep = !private || j.stored;
+        // A private replay subscribed again starts where the SUBSCRIBE says: its stored
+        // position is replaced (below); one restored with its session reads it back.
+        let stored = if !keep || (private && j.start.is_some()) {
             None
         } else {
             self.engine
@@ -583,11 +592,14 @@ impl Dispatcher {
             Some(s) => s,
             None => {
                 let s = j.start.unwrap_or(Start::Earliest);
-                if !private {
+                if keep {
                     if let Err(e) = self.engine.put_group_meta(j.parent, &name, &s.encode()) {
                         warn!(error = %e, "cannot store a lane group");
                     }
                     self.unflushed = true;
+                }
+                if keep && private {
+                    self.reset_private(j, &name, s);
                 }
                 s
             }
@@ -601,6 +613,7 @@ impl Dispatcher {
                 parent: j.parent,
                 name: name.clone(),
                 private,
+                stored: keep,
                 start,
                 members: Vec::new(),
                 committed: HashMap::new(),
@@ -617,8 +630,28 @@ impl Dispatcher {
         (id, new)
     }
 
+    /// A stored private replay subscribed with a new `lane-offset`: its lane's position is
+    /// where the offset says, and nothing of the previous replay is redelivered.
+    fn reset_private(&mut self, j: &Join, name: &Arc<str>, start: Start) {
+        let LaneSel::One(key) = &j.sel else {
+            return;
+        };
+        let Some(lane) = self.engine.lane_id(j.parent, key) else {
+            return;
+        };
+        let from = match start {
+            Start::Offset(n) => n,
+            Start::Earliest => 0,
+            Start::Latest(_) => self.engine.next_offset(lane),
+        };
+        if let Err(e) = self.engine.put_commits(&[(lane, name.clone(), from)]) {
+            warn!(error = %e, "cannot store a lane replay's position");
+        }
+        self.engine.put_run_mark(lane, name, RunMark::default());
+    }
+
     fn join(&mut self, j: Join) {
-        if j.group.is_none() {
+        if j.group.is_none() && j.start.is_some() {
             // A plain subscription with `lane-offset` again: start over from the new offset.
             let client = j.session.client_id.clone();
             self.leave(&client, Some(&j.filter));
@@ -691,7 +724,7 @@ impl Dispatcher {
                     Start::Latest(pos) => (0, Some(pos)),
                     Start::Earliest => (0, None),
                 };
-                let name = (!g.private).then_some(&*g.name);
+                let name = g.stored.then_some(&*g.name);
                 let mut lanes = self
                     .engine
                     .lanes_behind(j.parent, &sel, name, default, since)
@@ -751,6 +784,21 @@ impl Dispatcher {
                 g.owners.retain(|_, o| o != client);
                 g.outstanding.remove(client);
             }
+            if g.private && g.stored && g.members.is_empty() {
+                // The replay ended (unsubscribed, or its session ended): nothing of it is
+                // restored again. Its lane's offset stays in the journal until the lane goes.
+                for lane in g.committed.keys().chain(g.runs.keys()) {
+                    self.engine.put_run_mark(*lane, &g.name, RunMark::default());
+                }
+                if let Err(e) = self.engine.remove_group_meta(g.parent, &g.name) {
+                    warn!(error = %e, "cannot forget a lane replay");
+                }
+                self.unflushed = true;
+            }
+            let g = match self.groups.get_mut(&gid) {
+                Some(g) => g,
+                None => continue,
+            };
             if g.members.is_empty() && g.runs.values().all(|r| r.batch.is_none()) {
                 self.persist_commits();
                 if let Some(g) = self.groups.remove(&gid) {
@@ -1234,10 +1282,10 @@ impl Dispatcher {
         if let Some(&c) = g.committed.get(&lane) {
             return c;
         }
-        let stored = if g.private {
-            None
-        } else {
+        let stored = if g.stored {
             self.engine.load_commit(lane, &g.name).unwrap_or(None)
+        } else {
+            None
         };
         let c = stored.unwrap_or(match g.start {
             Start::Offset(n) => n,
@@ -1267,7 +1315,7 @@ impl Dispatcher {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
         };
-        if !g.private && !g.runs.contains_key(&lane) {
+        if g.stored && !g.runs.contains_key(&lane) {
             // What the group had done with the lane before a restart: delivered offsets come
             // again with DUP=1, attempts count on, a pause holds.
             if let Some(mark) = self.engine.run_mark(lane, &g.name) {
@@ -1502,7 +1550,8 @@ impl Dispatcher {
             .collect();
         let known: HashSet<String> = v.iter().map(|g| g.group.clone()).collect();
         for name in self.engine.groups_of(parent).unwrap_or_default() {
-            if !known.contains(&name) {
+            // Private replays (named "\u{1}client\u{1}filter") are not groups to list.
+            if !known.contains(&name) && !name.starts_with('\u{1}') {
                 v.push(GroupInfo {
                     group: name,
                     members: Vec::new(),
@@ -1624,7 +1673,7 @@ fn advance(g: &mut Group, lane: u64, dirty: &mut Vec<(u64, Arc<str>, u64)>, engi
             .committed
             .fetch_add(c - c0, Ordering::Relaxed);
         g.committed.insert(lane, c);
-        if !g.private {
+        if g.stored {
             dirty.push((lane, g.name.clone(), c));
         }
     }
@@ -1637,7 +1686,7 @@ fn advance(g: &mut Group, lane: u64, dirty: &mut Vec<(u64, Arc<str>, u64)>, engi
 /// Journal what a shared group did with `lane` past its committed offset (delivered
 /// offsets, attempts, a pause), or clear it: see [`lanemq_lite::journal::RunMark`].
 fn save_mark(g: &Group, lane: u64, engine: &Engine) {
-    if g.private {
+    if !g.stored {
         return;
     }
     let committed = g.committed.get(&lane).copied().unwrap_or(0);

@@ -996,6 +996,15 @@ pub fn encode_sub(o: &lanemq_protocol::SubscriptionOptions, sub_id: Option<u32>)
     [o.qos.as_u8(), flags, id[0], id[1], id[2], id[3]]
 }
 
+/// Flag bit (in the flags byte of a stored subscription) of a private one-lane replay
+/// (a plain subscription with `lane-offset`): restored as a replay, not into the router.
+pub const SUB_FLAG_LANE_REPLAY: u8 = 0x10;
+
+/// Is the stored subscription `v` a private one-lane replay?
+pub fn is_lane_replay(v: &[u8; 6]) -> bool {
+    v[1] & SUB_FLAG_LANE_REPLAY != 0
+}
+
 pub fn decode_sub(v: &[u8; 6]) -> (lanemq_protocol::SubscriptionOptions, Option<u32>) {
     let o = lanemq_protocol::SubscriptionOptions {
         qos: QoS::from_u8(v[0]).unwrap_or(QoS::AtMostOnce),

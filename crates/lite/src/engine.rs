@@ -1197,6 +1197,15 @@ impl Engine {
         Ok(())
     }
 
+    /// Forget the stored start policy of a group (a private replay that ended).
+    pub fn remove_group_meta(&self, parent: u32, group: &str) -> Result<(), LiteError> {
+        let mut k = vec![b'G'];
+        k.extend_from_slice(&parent.to_be_bytes());
+        k.extend_from_slice(group.as_bytes());
+        self.tree.remove(k)?;
+        Ok(())
+    }
+
     /// Groups with a stored start policy on `parent`.
     pub fn groups_of(&self, parent: u32) -> Result<Vec<String>, LiteError> {
         let mut p = vec![b'G'];
