@@ -6,7 +6,7 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | `b_sessions` | client id | expiry_s u32, protocol u8, disconnected_at_us u64, will_delay_s u32 |
-//! | `b_subs` | client id, 0x00, filter | qos u8, flags u8 (no local, retain as published, retain handling), sub id u32 (0 = none) |
+//! | `b_subs` | client id, 0x00, filter | qos u8, flags u8 (bit 0 no local, bit 1 retain as published, bits 2–3 retain handling, bit 4 a private one-lane replay with `lane-offset`: restored as a replay from its stored position, not into the router), sub id u32 (0 = none) |
 //! | `b_carried` | client id, 0x00, seq u64 | offset u64, the message (`RecordIn` encoding) of a carried queue entry |
 //! | `b_retained` | topic | offset u64, [the message: `RecordIn` encoding] |
 //! | `b_inbound` | client id, 0x00, packet id u16 | offset u64 of the PUBLISH, state u8 (1 received, 0 released) |
