@@ -113,6 +113,32 @@ async fn mqtt5_4_12_scram_sha512_and_sha256_connect() {
     }
 }
 
+/// A whole re-authentication on `c` (AUTH 0x19, the server-first, the client-final) with
+/// `user`/`password`; returns the state that checks the server's final AUTH.
+async fn reauthenticate(
+    c: &mut RawClient,
+    mech: Mechanism,
+    user: &str,
+    password: &str,
+) -> ClientFinal {
+    let (client, first) = Client::start(mech, user, password.as_bytes(), "re-nonce");
+    c.send(auth(rc::RE_AUTHENTICATE, mech.name(), &first)).await;
+    let Packet::Auth(a) = c.recv().await else {
+        panic!("expected AUTH 0x18 with the server-first-message");
+    };
+    assert_eq!(a.reason_code, rc::CONTINUE_AUTHENTICATION);
+    let (fin, client_final) = client
+        .finish(&data_of(&a.properties.authentication_data))
+        .expect("server-first-message");
+    c.send(auth(
+        rc::CONTINUE_AUTHENTICATION,
+        mech.name(),
+        &client_final,
+    ))
+    .await;
+    fin
+}
+
 #[tokio::test]
 async fn mqtt5_4_12_wrong_proof_or_unknown_user_is_0x86() {
     let (srv, _) = server().await;
@@ -268,10 +294,7 @@ async fn mqtt5_4_12_1_reauthentication() {
     c.subscribe("re/t", QoS::AtLeastOnce).await;
 
     // A re-authentication, with traffic going on in the middle of it.
-    let reauth = |pw: &'static str, user: &'static str| {
-        Client::start(Mechanism::Sha512, user, pw.as_bytes(), "renonce")
-    };
-    let (client, first) = reauth("wonderland", "alice");
+    let (client, first) = Client::start(Mechanism::Sha512, "alice", b"wonderland", "renonce");
     c.send(auth(rc::RE_AUTHENTICATE, "SCRAM-SHA-512", &first))
         .await;
     let Packet::Auth(a) = c.recv().await else {
@@ -327,22 +350,11 @@ async fn mqtt5_4_12_1_reauthentication() {
     .await;
     c2.expect_disconnect(rc::PROTOCOL_ERROR).await;
 
-    // Re-authenticating with credentials that do not verify.
+    // Re-authenticating with credentials that do not verify: alice has no SCRAM-SHA-256
+    // entry, so even her right password fails: DISCONNECT 0x87 (DISCONNECT has no 0x86).
     let (mut c3, _, _) =
         scram_connect(&srv, connect_v5("re3"), Mechanism::Sha256, "bob", "builder").await;
-    let (client, first) = Client::start(Mechanism::Sha256, "alice", b"wonderland", "n");
-    c3.send(auth(rc::RE_AUTHENTICATE, "SCRAM-SHA-256", &first))
-        .await;
-    let Packet::Auth(a) = c3.recv().await else {
-        panic!("expected AUTH 0x18");
-    };
-    // alice has no SCRAM-SHA-256 entry, so even her right password fails: DISCONNECT 0x87
-    // (DISCONNECT has no 0x86).
-    let (_, cf) = client
-        .finish(&data_of(&a.properties.authentication_data))
-        .expect("server-first");
-    c3.send(auth(rc::CONTINUE_AUTHENTICATION, "SCRAM-SHA-256", &cf))
-        .await;
+    reauthenticate(&mut c3, Mechanism::Sha256, "alice", "wonderland").await;
     c3.expect_disconnect(rc::NOT_AUTHORIZED).await;
 
     // The password file changes and is reloaded: the next re-authentication uses it.
@@ -351,21 +363,7 @@ async fn mqtt5_4_12_1_reauthentication() {
     pf.upsert("carol", b"c").expect("carol");
     pf.save(&passwd).expect("save");
     srv.server().broker().reload_auth().expect("reload");
-    let (client, first) = reauth("wonderland", "alice");
-    c.send(auth(rc::RE_AUTHENTICATE, "SCRAM-SHA-512", &first))
-        .await;
-    let Packet::Auth(a) = c.recv().await else {
-        panic!("expected AUTH 0x18");
-    };
-    let (_, client_final) = client
-        .finish(&data_of(&a.properties.authentication_data))
-        .expect("server-first");
-    c.send(auth(
-        rc::CONTINUE_AUTHENTICATION,
-        "SCRAM-SHA-512",
-        &client_final,
-    ))
-    .await;
+    reauthenticate(&mut c, Mechanism::Sha512, "alice", "wonderland").await;
     c.expect_disconnect(rc::NOT_AUTHORIZED).await;
 
     // Another user's valid credentials on alice's connection: 0x87.
@@ -377,17 +375,7 @@ async fn mqtt5_4_12_1_reauthentication() {
         "new-password",
     )
     .await;
-    let (client, first) = Client::start(Mechanism::Sha512, "carol", b"c", "n4");
-    c4.send(auth(rc::RE_AUTHENTICATE, "SCRAM-SHA-512", &first))
-        .await;
-    let Packet::Auth(a) = c4.recv().await else {
-        panic!("expected AUTH 0x18");
-    };
-    let (_, cf) = client
-        .finish(&data_of(&a.properties.authentication_data))
-        .expect("server-first");
-    c4.send(auth(rc::CONTINUE_AUTHENTICATION, "SCRAM-SHA-512", &cf))
-        .await;
+    reauthenticate(&mut c4, Mechanism::Sha512, "carol", "c").await;
     c4.expect_disconnect(rc::NOT_AUTHORIZED).await;
 }
 
