@@ -1537,3 +1537,91 @@ async fn lanemq_streams_cli_update_merges_flags_over_the_current_definition() {
         .await;
     assert!(err.contains("HTTP 400 BAD_REQUEST"), "{err}");
 }
+
+/// `GET /api/v5/clients` (EMQX shape) lists real sessions with their username, address and
+/// figures, `/subscriptions` their filters; `DELETE /clients/{id}` gives a connected client
+/// DISCONNECT 0x98 and keeps its persistent session, and discards a session whose client is
+/// away; `GET /status` answers without a token.
+#[tokio::test]
+async fn clients_are_listed_kicked_with_0x98_and_discarded() {
+    let (s, api) = admin_server().await;
+    let mut c = connect_v5("mgmt-a");
+    c.username = Some("alice".into());
+    c.properties.session_expiry_interval = Some(600);
+    let mut a = RawClient::connect_ok(s.addr, c).await;
+    a.subscribe("m/a/#", QoS::AtLeastOnce).await;
+    let mut b = RawClient::connect_ok(s.addr, connect_v311("mgmt-b")).await;
+    b.subscribe("m/b", QoS::AtMostOnce).await;
+
+    let (st, v) = api
+        .call("GET", "/api/v5/clients?clientid_prefix=mgmt-", None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["meta"]["count"], 2, "{v}");
+    let first = &v["data"][0];
+    assert_eq!(first["clientid"], "mgmt-a");
+    assert_eq!(first["username"], "alice");
+    assert_eq!(first["ip_address"], "127.0.0.1");
+    assert_eq!(first["connected"], true);
+    assert_eq!(first["proto_ver"], 5);
+    assert_eq!(first["expiry_interval"], 600);
+    assert_eq!(first["subscriptions_cnt"], 1);
+    assert!(
+        first["connected_at"].as_u64().is_some_and(|t| t > 0),
+        "{first}"
+    );
+    assert_eq!(v["data"][1]["proto_ver"], 4);
+    let (_, v) = api
+        .call("GET", "/api/v5/clients?username=alice", None)
+        .await;
+    assert_eq!(v["meta"]["count"], 1, "{v}");
+
+    let (st, v) = api
+        .call("GET", "/api/v5/clients/mgmt-b/subscriptions", None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v,
+        json!([{"clientid": "mgmt-b", "topic": "m/b", "qos": 0, "nl": 0, "rap": 0, "rh": 0}])
+    );
+    let (_, v) = api
+        .call("GET", "/api/v5/subscriptions?match_topic=m/", None)
+        .await;
+    assert_eq!(v["meta"]["count"], 2, "{v}");
+
+    // Kick: DISCONNECT 0x98; the persistent session stays, shown as disconnected.
+    let (st, _) = api.call("DELETE", "/api/v5/clients/mgmt-a", None).await;
+    assert_eq!(st, 204);
+    a.expect_disconnect(rc::ADMINISTRATIVE_ACTION).await;
+    let mut gone = false;
+    for _ in 0..100 {
+        let (_, v) = api.call("GET", "/api/v5/clients/mgmt-a", None).await;
+        if v["connected"] == false {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "the kicked client still shows as connected");
+    // A second DELETE discards the stored session.
+    let (st, _) = api.call("DELETE", "/api/v5/clients/mgmt-a", None).await;
+    assert_eq!(st, 204);
+    let (st, v) = api.call("GET", "/api/v5/clients/mgmt-a", None).await;
+    assert_error(st, &v, 404, "CLIENTID_NOT_FOUND");
+    let (_, ack) = RawClient::connect_ack(s.addr, {
+        let mut c = connect_v5("mgmt-a");
+        c.clean_start = false;
+        c
+    })
+    .await;
+    assert!(!ack.session_present, "a discarded session was resumed");
+    // MQTT 3.1.1 has no DISCONNECT from the server: the connection is closed.
+    let (st, _) = api.call("DELETE", "/api/v5/clients/mgmt-b", None).await;
+    assert_eq!(st, 204);
+    b.expect_closed().await;
+    let (st, v) = api.call("DELETE", "/api/v5/clients/nobody", None).await;
+    assert_error(st, &v, 404, "CLIENTID_NOT_FOUND");
+    let r = api.raw("GET", "/api/v5/status", &[], None).await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("running"), "{}", r.body);
+}

@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::clients::{ClientInfo, Kicked, SubscriptionInfo};
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -61,6 +62,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v5/lite/parents/{name}/groups"),
     ("GET", "/api/v5/lite/parents/{name}/groups/{group}/lag"),
     ("GET", "/api/v5/lite/metrics"),
+    ("GET", "/api/v5/clients"),
+    ("GET", "/api/v5/clients/{clientid}"),
+    ("DELETE", "/api/v5/clients/{clientid}"),
+    ("GET", "/api/v5/clients/{clientid}/subscriptions"),
+    ("GET", "/api/v5/subscriptions"),
+    ("GET", "/api/v5/status"),
 ];
 
 /// What the admin API needs from the broker. The methods are synchronous; the router calls
@@ -121,6 +128,21 @@ pub trait AdminBackend: Send + Sync + 'static {
     ) -> Result<Option<(Vec<Value>, bool)>, LiteError>;
     /// The lite layer's gauges and counters (`GET /lite/metrics`).
     fn lite_metrics(&self) -> LiteMetrics;
+
+    // --- clients and subscriptions (`/api/v5/clients`, `/api/v5/subscriptions`) ---
+
+    /// Every session, connected or not (filtered and paged by the router).
+    fn clients(&self) -> Vec<ClientInfo>;
+    fn client(&self, clientid: &str) -> Option<ClientInfo>;
+    /// Disconnect the client with 0x98 Administrative action (its session stays if it has an
+    /// expiry), or discard the stored session of a client that is not connected.
+    fn kick(&self, clientid: &str) -> Kicked;
+    /// The subscriptions of one session (`None`: no such session).
+    fn client_subscriptions(&self, clientid: &str) -> Option<Vec<SubscriptionInfo>>;
+    /// Every subscription of every session.
+    fn subscriptions(&self) -> Vec<SubscriptionInfo>;
+    /// Serving (false once a shutdown began): `GET /status`.
+    fn running(&self) -> bool;
 }
 
 /// Tunables of [`router_with`].
@@ -472,7 +494,8 @@ async fn log_mw(req: Request, next: Next) -> Response {
 
 /// The admin router with the default [`RouterOptions`].
 ///
-/// Every request must carry `Authorization: Bearer <token>` (an empty `token` refuses all).
+/// Every request must carry `Authorization: Bearer <token>` (an empty `token` refuses all),
+/// except `GET /api/v5/status`.
 pub fn router(backend: Arc<dyn AdminBackend>, token: String) -> Router {
     router_with(backend, token, RouterOptions::default())
 }
@@ -494,12 +517,15 @@ pub fn router_with(backend: Arc<dyn AdminBackend>, token: String, opts: RouterOp
         .route("/api/v5/stats", get(stats))
         .route("/api/v5/openapi.json", get(openapi_doc))
         .merge(crate::lanes::routes())
+        .merge(crate::clients::routes())
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
-        .with_state(state)
+        .with_state(state.clone())
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(from_fn_with_state(opts.request_timeout, timeout_mw))
         .layer(from_fn_with_state(Arc::<str>::from(token), auth_mw))
+        // The health check needs no token (load balancers probe it).
+        .merge(crate::clients::public_routes().with_state(state))
         .layer(from_fn(log_mw))
 }
 

@@ -1,6 +1,8 @@
 //! The lanemq REST admin API (`/api/v5`, EMQX-compatible paths) for named streams, the global
 //! stream settings, authorization reload, broker statistics and the lite-topic layer (lite
-//! parents, lanes, groups, metrics: `/api/v5/lite/...`), plus a minimal blocking
+//! parents, lanes, groups, metrics: `/api/v5/lite/...`), clients and subscriptions
+//! (`/api/v5/clients`, `/api/v5/subscriptions`, kick) and the health check (`/api/v5/status`,
+//! no token), plus a minimal blocking
 //! HTTP/1.1 [`client`] used by the `lanemq streams ...` command line and by tests.
 //!
 //! - [`AdminBackend`]: what the API needs from the broker (the registry lives elsewhere);
@@ -12,6 +14,7 @@
 
 mod api;
 pub mod client;
+mod clients;
 mod lanes;
 pub mod openapi;
 mod token;
@@ -20,5 +23,6 @@ pub use api::{
     router, router_with, serve, AdminBackend, RouterOptions, API_PREFIX, BODY_LIMIT,
     LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, REQUEST_TIMEOUT, ROUTES,
 };
+pub use clients::{ClientInfo, Kicked, SubscriptionInfo};
 pub use lanes::{LaneDetail, LiteMetrics, METRICS_CONTENT_TYPE};
 pub use token::{load_or_create_token, TOKEN_FILE};

@@ -102,7 +102,9 @@ fn op(
 }
 
 fn tag_of(id: &str) -> &'static str {
-    if id.contains("tream") || id.contains("etting") {
+    if id.contains("Client") || id.contains("Subscription") {
+        "clients"
+    } else if id.contains("tream") || id.contains("etting") {
         "streams"
     } else if ["Parent", "Lane", "Lite", "Group"]
         .iter()
@@ -613,6 +615,212 @@ fn schemas() -> Value {
     })
 }
 
+fn clientid_param() -> Value {
+    json!({
+        "name": "clientid", "in": "path", "required": true,
+        "description": "Client id (url-encoded)",
+        "schema": { "type": "string" }
+    })
+}
+
+fn paging_params() -> Vec<Value> {
+    vec![
+        json!({ "name": "page", "in": "query", "required": false,
+                "description": "Page number, from 1", "schema": { "type": "integer", "minimum": 1, "default": 1 } }),
+        json!({ "name": "limit", "in": "query", "required": false,
+                "description": "Items per page", "schema": { "type": "integer", "minimum": 1, "maximum": 10000, "default": 100 } }),
+    ]
+}
+
+fn query_param(name: &str, description: &str, schema: Value) -> Value {
+    json!({ "name": name, "in": "query", "required": false, "description": description, "schema": schema })
+}
+
+fn clients_paths(paths: &mut Map<String, Value>) {
+    let bad_query = (
+        "400",
+        err("Invalid `page`, `limit` or filter", &["BAD_REQUEST"]),
+    );
+    let no_client = (
+        "404",
+        err("No session with that client id", &["CLIENTID_NOT_FOUND"]),
+    );
+    let mut list_params = paging_params();
+    list_params.extend([
+        query_param(
+            "username",
+            "Only clients with this username",
+            json!({ "type": "string" }),
+        ),
+        query_param(
+            "like_clientid",
+            "Only client ids that contain this text",
+            json!({ "type": "string" }),
+        ),
+        query_param(
+            "clientid_prefix",
+            "Only client ids that begin with this text",
+            json!({ "type": "string" }),
+        ),
+        query_param(
+            "conn_state",
+            "Only connected or only disconnected sessions",
+            json!({ "type": "string", "enum": ["connected", "disconnected"] }),
+        ),
+    ]);
+    paths.insert(
+        "/api/v5/clients".into(),
+        json!({ "get": op(
+            "listClients",
+            "List clients",
+            "Every session, connected or not, sorted by client id, a page at a time.",
+            Value::Array(list_params),
+            None,
+            ("200", ok("A page of clients", schema_ref("ClientList"))),
+            &[bad_query.clone()],
+        ) }),
+    );
+    paths.insert(
+        "/api/v5/clients/{clientid}".into(),
+        json!({
+            "get": op(
+                "getClient",
+                "Show a client",
+                "One session, connected or not.",
+                json!([clientid_param()]),
+                None,
+                ("200", ok("The client", schema_ref("ClientInfo"))),
+                &[no_client.clone()],
+            ),
+            "delete": op(
+                "kickClient",
+                "Kick a client",
+                "A connected client gets DISCONNECT 0x98 Administrative action (MQTT 3.1.1: \
+                 the connection is closed); its session stays if it has an expiry. A session \
+                 whose client is not connected is discarded.",
+                json!([clientid_param()]),
+                None,
+                ("204", json!({ "description": "Kicked or discarded" })),
+                &[no_client.clone()],
+            ),
+        }),
+    );
+    paths.insert(
+        "/api/v5/clients/{clientid}/subscriptions".into(),
+        json!({ "get": op(
+            "listClientSubscriptions",
+            "Subscriptions of a client",
+            "Every subscription of one session, sorted by filter.",
+            json!([clientid_param()]),
+            None,
+            ("200", ok("The subscriptions", json!({ "type": "array", "items": schema_ref("SubscriptionInfo") }))),
+            &[no_client],
+        ) }),
+    );
+    let mut sub_params = paging_params();
+    sub_params.extend([
+        query_param(
+            "clientid",
+            "Only this client's subscriptions",
+            json!({ "type": "string" }),
+        ),
+        query_param(
+            "topic",
+            "Only this exact filter",
+            json!({ "type": "string" }),
+        ),
+        query_param(
+            "match_topic",
+            "Only filters that contain this text",
+            json!({ "type": "string" }),
+        ),
+        query_param(
+            "qos",
+            "Only this QoS",
+            json!({ "type": "integer", "minimum": 0, "maximum": 2 }),
+        ),
+    ]);
+    paths.insert(
+        "/api/v5/subscriptions".into(),
+        json!({ "get": op(
+            "listSubscriptions",
+            "List subscriptions",
+            "Every subscription of every session, sorted by client id and filter, a page at a time.",
+            Value::Array(sub_params),
+            None,
+            ("200", ok("A page of subscriptions", schema_ref("SubscriptionList"))),
+            &[bad_query],
+        ) }),
+    );
+    paths.insert(
+        "/api/v5/status".into(),
+        json!({ "get": {
+            "operationId": "getStatus",
+            "summary": "Health check",
+            "description": "For load balancers: 200 while the broker serves, 503 once it shuts down. No token.",
+            "tags": ["broker"],
+            "security": [],
+            "parameters": [],
+            "responses": {
+                "200": { "description": "Running", "content": { "text/plain": { "schema": { "type": "string" } } } },
+                "503": { "description": "Shutting down", "content": { "text/plain": { "schema": { "type": "string" } } } }
+            }
+        } }),
+    );
+}
+
+fn clients_schemas(s: &mut Value) {
+    let page_meta = json!({
+        "type": "object",
+        "required": ["page", "limit", "count", "hasnext"],
+        "properties": {
+            "page": { "type": "integer" },
+            "limit": { "type": "integer" },
+            "count": { "type": "integer", "description": "Matching items on all pages" },
+            "hasnext": { "type": "boolean" }
+        }
+    });
+    s["ClientInfo"] = json!({
+        "type": "object",
+        "required": ["clientid", "connected", "proto_ver", "proto_name", "expiry_interval",
+                     "subscriptions_cnt", "mqueue_len", "inflight_cnt", "mqueue_dropped"],
+        "properties": {
+            "clientid": { "type": "string" },
+            "username": { "type": "string", "nullable": true },
+            "ip_address": { "type": "string", "nullable": true, "description": "Of the current or last connection" },
+            "connected": { "type": "boolean" },
+            "connected_at": { "type": "integer", "nullable": true, "description": "Milliseconds since the epoch, current or last connection" },
+            "proto_ver": { "type": "integer", "enum": [3, 4, 5] },
+            "proto_name": { "type": "string", "enum": ["MQIsdp", "MQTT"] },
+            "expiry_interval": { "type": "integer", "description": "Session Expiry Interval, seconds" },
+            "subscriptions_cnt": { "type": "integer" },
+            "mqueue_len": { "type": "integer", "description": "Messages queued for the client" },
+            "inflight_cnt": { "type": "integer", "description": "QoS 1/2 deliveries not yet acknowledged" },
+            "mqueue_dropped": { "type": "integer", "description": "Messages dropped for this session" }
+        }
+    });
+    s["SubscriptionInfo"] = json!({
+        "type": "object",
+        "required": ["clientid", "topic", "qos", "nl", "rap", "rh"],
+        "properties": {
+            "clientid": { "type": "string" },
+            "topic": { "type": "string", "description": "The filter as subscribed" },
+            "qos": { "type": "integer", "enum": [0, 1, 2] },
+            "nl": { "type": "integer", "enum": [0, 1], "description": "No Local" },
+            "rap": { "type": "integer", "enum": [0, 1], "description": "Retain As Published" },
+            "rh": { "type": "integer", "enum": [0, 1, 2], "description": "Retain Handling" }
+        }
+    });
+    s["ClientList"] = json!({
+        "type": "object", "required": ["data", "meta"],
+        "properties": { "data": { "type": "array", "items": schema_ref("ClientInfo") }, "meta": page_meta.clone() }
+    });
+    s["SubscriptionList"] = json!({
+        "type": "object", "required": ["data", "meta"],
+        "properties": { "data": { "type": "array", "items": schema_ref("SubscriptionInfo") }, "meta": page_meta }
+    });
+}
+
 /// The document.
 pub fn document() -> Value {
     let reload = op(
@@ -671,8 +879,10 @@ pub fn document() -> Value {
     paths.insert("/api/v5/stats".into(), json!({ "get": stats }));
     paths.insert("/api/v5/openapi.json".into(), json!({ "get": openapi }));
     lanes_paths(&mut paths);
+    clients_paths(&mut paths);
     let mut schemas = schemas();
     lanes_schemas(&mut schemas);
+    clients_schemas(&mut schemas);
     json!({
         "openapi": "3.0.3",
         "info": {
@@ -685,11 +895,13 @@ pub fn document() -> Value {
                             wrong method 405 `METHOD_NOT_ALLOWED`. The `/message_streams/...` \
                             paths are aliases of the `/streams`, `/stream/{name}` and \
                             `/streams/config` paths. `/lite/...`: lite parents, their lanes, \
-                            consumer groups and metrics (docs/lanes.md)."
+                            consumer groups and metrics (docs/lanes.md). `/clients`, \
+                            `/subscriptions`: sessions and subscriptions (EMQX shapes), kick. \
+                            `/status` is the one path without a token (health check)."
         },
         "servers": [{ "url": "/" }],
         "security": [{ "bearer": [] }],
-        "tags": [{ "name": "streams" }, { "name": "lanes" }, { "name": "broker" }],
+        "tags": [{ "name": "streams" }, { "name": "lanes" }, { "name": "clients" }, { "name": "broker" }],
         "paths": paths,
         "components": {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },

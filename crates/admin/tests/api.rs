@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use lanemq_admin::client::{request, request_with_headers};
 use lanemq_admin::{
-    router_with, serve, AdminBackend, LaneDetail, LiteMetrics, RouterOptions, ROUTES,
+    router_with, serve, AdminBackend, ClientInfo, Kicked, LaneDetail, LiteMetrics, RouterOptions,
+    SubscriptionInfo, ROUTES,
 };
 use lanemq_lite::{LaneInfo, LiteError, ParentDef, ParentInfo};
 use lanemq_streams::{GlobalSettings, StreamDef, StreamError, StreamInfo, StreamStats};
@@ -22,6 +23,32 @@ struct Fake {
     settings: Mutex<GlobalSettings>,
     reload_error: Mutex<Option<String>>,
     parents: Mutex<BTreeMap<String, ParentInfo>>,
+    kicked: Mutex<Vec<String>>,
+}
+
+/// The fake's sessions: (client id, username, connected).
+const CLIENTS: [(&str, &str, bool); 4] = [
+    ("dev-2", "alice", true),
+    ("dev-1", "alice", false),
+    ("app-1", "bob", true),
+    ("dev-10", "carol", true),
+];
+
+fn fake_client(id: &str, user: &str, connected: bool) -> ClientInfo {
+    ClientInfo {
+        clientid: id.to_string(),
+        username: Some(user.to_string()),
+        ip_address: Some("127.0.0.1".into()),
+        connected,
+        connected_at: Some(1),
+        proto_ver: 5,
+        proto_name: "MQTT",
+        expiry_interval: 0,
+        subscriptions_cnt: 1,
+        mqueue_len: 0,
+        inflight_cnt: 0,
+        mqueue_dropped: 0,
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -204,6 +231,61 @@ impl AdminBackend for Fake {
         _limit: usize,
     ) -> Result<Option<(Vec<Value>, bool)>, LiteError> {
         self.get_parent(parent).map(|_| None)
+    }
+
+    fn clients(&self) -> Vec<ClientInfo> {
+        let kicked = lock(&self.kicked);
+        CLIENTS
+            .iter()
+            .filter(|(id, ..)| !kicked.iter().any(|k| k == id))
+            .map(|(id, u, c)| fake_client(id, u, *c))
+            .collect()
+    }
+
+    fn client(&self, clientid: &str) -> Option<ClientInfo> {
+        self.clients().into_iter().find(|c| c.clientid == clientid)
+    }
+
+    fn kick(&self, clientid: &str) -> Kicked {
+        match self.client(clientid) {
+            Some(c) => {
+                lock(&self.kicked).push(clientid.to_string());
+                if c.connected {
+                    Kicked::Disconnected
+                } else {
+                    Kicked::Discarded
+                }
+            }
+            None => Kicked::NotFound,
+        }
+    }
+
+    fn client_subscriptions(&self, clientid: &str) -> Option<Vec<SubscriptionInfo>> {
+        self.client(clientid)?;
+        Some(
+            self.subscriptions()
+                .into_iter()
+                .filter(|s| s.clientid == clientid)
+                .collect(),
+        )
+    }
+
+    fn subscriptions(&self) -> Vec<SubscriptionInfo> {
+        self.clients()
+            .iter()
+            .map(|c| SubscriptionInfo {
+                clientid: c.clientid.clone(),
+                topic: format!("t/{}", c.clientid),
+                qos: 1,
+                nl: 0,
+                rap: 0,
+                rh: 0,
+            })
+            .collect()
+    }
+
+    fn running(&self) -> bool {
+        true
     }
 
     fn lite_metrics(&self) -> LiteMetrics {
@@ -733,6 +815,11 @@ fn openapi_json_lists_every_route_and_only_those() {
     for (method, path) in ROUTES {
         let op = &paths[*path][method.to_ascii_lowercase()];
         assert!(op.is_object(), "{method} {path} is not documented");
+        if *path == "/api/v5/status" {
+            // The health check is the one path without a token.
+            assert_eq!(op["security"], json!([]));
+            continue;
+        }
         assert!(op["responses"]["401"].is_object(), "{method} {path}");
     }
     let documented: usize = paths
@@ -753,6 +840,14 @@ fn openapi_json_lists_every_route_and_only_those() {
     // and every other method on those paths is 405.
     s.create("probe", "t");
     for (method, path) in ROUTES {
+        if *path == "/api/v5/status" {
+            // Plain text, no token.
+            for m in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
+                let r = request_with_headers(&s.addr, m, path, &[], None).expect("status");
+                assert_eq!(r.status, if m == "GET" { 200 } else { 405 }, "{m} {path}");
+            }
+            continue;
+        }
         let path = path.replace("{name}", "probe");
         for m in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
             let body = matches!(m, "POST" | "PUT").then_some("{}");
@@ -948,4 +1043,94 @@ fn empty_router_token_refuses_every_request() {
     assert_eq!(r.status, 401);
     let _ = tx.send(());
     rt.block_on(server).expect("join").expect("serve");
+}
+
+#[test]
+fn clients_are_paged_and_filtered_like_emqx() {
+    let s = Server::start();
+    let ids = |v: &Value| -> Vec<String> {
+        v["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|c| c["clientid"].as_str().expect("clientid").to_string())
+            .collect()
+    };
+    let (st, v) = s.call("GET", "/api/v5/clients?limit=2", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(ids(&v), ["app-1", "dev-1"], "sorted by client id");
+    assert_eq!(
+        v["meta"],
+        json!({"page": 1, "limit": 2, "count": 4, "hasnext": true})
+    );
+    let (_, v) = s.call("GET", "/api/v5/clients?limit=2&page=2", None);
+    assert_eq!(ids(&v), ["dev-10", "dev-2"]);
+    assert_eq!(v["meta"]["hasnext"], false);
+    let (_, v) = s.call("GET", "/api/v5/clients?username=alice", None);
+    assert_eq!(ids(&v), ["dev-1", "dev-2"]);
+    let (_, v) = s.call(
+        "GET",
+        "/api/v5/clients?conn_state=connected&clientid_prefix=dev",
+        None,
+    );
+    assert_eq!(ids(&v), ["dev-10", "dev-2"]);
+    let (_, v) = s.call("GET", "/api/v5/clients?like_clientid=-1", None);
+    assert_eq!(ids(&v), ["app-1", "dev-1", "dev-10"]);
+    for bad in [
+        "/api/v5/clients?conn_state=maybe",
+        "/api/v5/clients?page=0",
+        "/api/v5/clients?limit=0",
+        "/api/v5/clients?colour=blue",
+        "/api/v5/subscriptions?qos=3",
+    ] {
+        let msg = assert_error(s.call("GET", bad, None), 400, "BAD_REQUEST");
+        assert!(!msg.is_empty(), "{bad}");
+    }
+}
+
+#[test]
+fn one_client_its_subscriptions_and_kick() {
+    let s = Server::start();
+    let (st, v) = s.call("GET", "/api/v5/clients/dev-2", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["username"], "alice");
+    assert_eq!(v["connected"], true);
+    assert_error(
+        s.call("GET", "/api/v5/clients/nobody", None),
+        404,
+        "CLIENTID_NOT_FOUND",
+    );
+    let (st, v) = s.call("GET", "/api/v5/clients/dev-2/subscriptions", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v,
+        json!([{"clientid": "dev-2", "topic": "t/dev-2", "qos": 1, "nl": 0, "rap": 0, "rh": 0}])
+    );
+    assert_error(
+        s.call("GET", "/api/v5/clients/nobody/subscriptions", None),
+        404,
+        "CLIENTID_NOT_FOUND",
+    );
+    let (_, v) = s.call("GET", "/api/v5/subscriptions?clientid=app-1", None);
+    assert_eq!(v["meta"]["count"], 1);
+    let (_, v) = s.call("GET", "/api/v5/subscriptions?match_topic=dev&limit=1", None);
+    assert_eq!(v["meta"]["count"], 3);
+    assert_eq!(v["data"][0]["clientid"], "dev-1");
+    assert_eq!(s.call("DELETE", "/api/v5/clients/dev-2", None).0, 204);
+    assert_eq!(lock(&s.fake.kicked).as_slice(), ["dev-2"]);
+    assert_error(
+        s.call("DELETE", "/api/v5/clients/dev-2", None),
+        404,
+        "CLIENTID_NOT_FOUND",
+    );
+}
+
+#[test]
+fn status_needs_no_token_and_the_rest_does() {
+    let s = Server::start();
+    let r = request_with_headers(&s.addr, "GET", "/api/v5/status", &[], None).expect("status");
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("running"), "{}", r.body);
+    let r = request_with_headers(&s.addr, "GET", "/api/v5/clients", &[], None).expect("clients");
+    assert_eq!(r.status, 401);
 }

@@ -4,7 +4,7 @@
 
 use crate::broker::Broker;
 use crate::config::Config;
-use lanemq_admin::{AdminBackend, LaneDetail, LiteMetrics};
+use lanemq_admin::{AdminBackend, ClientInfo, Kicked, LaneDetail, LiteMetrics, SubscriptionInfo};
 use lanemq_lite::{LaneInfo, LiteError, ParentDef, ParentInfo};
 use lanemq_streams::{GlobalSettings, StreamDef, StreamError, StreamInfo};
 use serde_json::{json, Value};
@@ -51,6 +51,50 @@ impl BrokerAdmin {
         }
         s
     }
+}
+
+fn client_info(s: &crate::session::Session) -> ClientInfo {
+    let st = s.lock();
+    let (username, ip) = match &st.identity {
+        Some((u, ip)) => (u.as_deref().map(str::to_string), Some(ip.to_string())),
+        None => (None, None),
+    };
+    let level = st.protocol.level();
+    ClientInfo {
+        clientid: s.client_id.to_string(),
+        username,
+        ip_address: ip,
+        connected: st.connected,
+        connected_at: (st.connected_at_ms > 0).then_some(st.connected_at_ms),
+        proto_ver: level,
+        proto_name: if level == 3 { "MQIsdp" } else { "MQTT" },
+        expiry_interval: st.expiry_s,
+        subscriptions_cnt: st.subscriptions.len() + st.stream_subs.len(),
+        mqueue_len: st.queue.len() + st.spilled.len(),
+        inflight_cnt: st.inflight.len(),
+        mqueue_dropped: st.dropped,
+    }
+}
+
+fn subscription_infos(s: &crate::session::Session) -> Vec<SubscriptionInfo> {
+    let st = s.lock();
+    let one = |topic: &str, o: &lanemq_protocol::SubscriptionOptions| SubscriptionInfo {
+        clientid: s.client_id.to_string(),
+        topic: topic.to_string(),
+        qos: o.qos.as_u8(),
+        nl: u8::from(o.no_local),
+        rap: u8::from(o.retain_as_published),
+        rh: o.retain_handling,
+    };
+    let mut out: Vec<SubscriptionInfo> = st
+        .subscriptions
+        .iter()
+        .map(|(f, sub)| one(f, &sub.options))
+        .collect();
+    for (f, sub) in &st.stream_subs {
+        out.push(one(f, &sub.options));
+    }
+    out
 }
 
 impl AdminBackend for BrokerAdmin {
@@ -104,6 +148,46 @@ impl AdminBackend for BrokerAdmin {
                 Err(format!("{e} (the previous rules stay in force)"))
             }
         }
+    }
+
+    fn clients(&self) -> Vec<ClientInfo> {
+        let sessions: Vec<Arc<crate::session::Session>> =
+            self.broker.sessions_lock().values().cloned().collect();
+        sessions.iter().map(|s| client_info(s)).collect()
+    }
+
+    fn client(&self, clientid: &str) -> Option<ClientInfo> {
+        let s = self.broker.sessions_lock().get(clientid).cloned()?;
+        Some(client_info(&s))
+    }
+
+    fn kick(&self, clientid: &str) -> Kicked {
+        let k = self.broker.kick_client(clientid);
+        if k == Kicked::Disconnected {
+            info!(
+                client = clientid,
+                "admin API: client kicked (DISCONNECT 0x98)"
+            );
+        }
+        k
+    }
+
+    fn client_subscriptions(&self, clientid: &str) -> Option<Vec<SubscriptionInfo>> {
+        let s = self.broker.sessions_lock().get(clientid).cloned()?;
+        Some(subscription_infos(&s))
+    }
+
+    fn subscriptions(&self) -> Vec<SubscriptionInfo> {
+        let sessions: Vec<Arc<crate::session::Session>> =
+            self.broker.sessions_lock().values().cloned().collect();
+        sessions
+            .iter()
+            .flat_map(|s| subscription_infos(s))
+            .collect()
+    }
+
+    fn running(&self) -> bool {
+        !self.broker.is_shutting_down()
     }
 
     fn stats(&self) -> Value {

@@ -292,7 +292,9 @@ impl Broker {
         *self.shutdown_tx.borrow()
     }
 
-    fn sessions_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Session>>> {
+    pub(crate) fn sessions_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Session>>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -337,6 +339,31 @@ impl Broker {
         let s = Arc::new(make());
         map.insert(s.client_id.clone(), s.clone());
         (s, false)
+    }
+
+    /// `DELETE /api/v5/clients/{clientid}`: a connected client gets DISCONNECT 0x98 (its
+    /// session stays if it has an expiry); the stored session of a client that is not
+    /// connected is discarded.
+    pub fn kick_client(&self, client_id: &str) -> lanemq_admin::Kicked {
+        use lanemq_admin::Kicked;
+        let Some(session) = self.sessions_lock().get(client_id).cloned() else {
+            return Kicked::NotFound;
+        };
+        let generation = {
+            let mut st = session.lock();
+            if st.ended {
+                return Kicked::NotFound;
+            }
+            if st.connected {
+                st.kick = Some(Kick::Administrative);
+                st.wake();
+                return Kicked::Disconnected;
+            }
+            st.generation
+        };
+        self.expire_session(&session, generation);
+        tracing::info!(client = client_id, "admin API: stored session discarded");
+        Kicked::Discarded
     }
 
     /// Remove a session if it is still this one and its generation is `generation` (so a

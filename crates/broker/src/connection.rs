@@ -565,6 +565,9 @@ impl Conn {
             st.protocol = version;
             st.expiry_s = session_expiry_s;
             st.identity = Some((c.username.as_deref().map(Arc::from), peer.ip()));
+            st.connected_at_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         }
         if resumed {
             // The rules may have changed while the session was away (a reload, a restart),
@@ -981,6 +984,10 @@ impl Conn {
                         will: false,
                     },
                     Kick::NotAuthorized => Close::error(rc::NOT_AUTHORIZED),
+                    Kick::Administrative => {
+                        warn!("kicked over the admin API");
+                        Close::error(rc::ADMINISTRATIVE_ACTION)
+                    }
                 };
             }
             let writable = self.writable();

@@ -66,6 +66,8 @@ pub enum Kick {
     Shutdown,
     /// A reloaded ACL denies a subscription the session had (0x87); the subscription is gone.
     NotAuthorized,
+    /// Kicked over the REST API (`DELETE /api/v5/clients/{clientid}`, 0x98).
+    Administrative,
 }
 
 /// Outcome of [`Session::push`].
@@ -179,6 +181,9 @@ pub struct SessionState {
     /// subscriptions are checked as when the ACL is reloaded. `None` for a session restored
     /// after a restart until its client connects again.
     pub identity: Option<(Option<Arc<str>>, std::net::IpAddr)>,
+    /// When the current or last connection was accepted (ms since the epoch; 0: not since
+    /// the broker started).
+    pub connected_at_ms: u64,
 }
 
 impl SessionState {
@@ -251,6 +256,7 @@ impl Session {
                 replay_offsets: None,
                 stream_subs: HashMap::new(),
                 identity: None,
+                connected_at_ms: 0,
             }),
             online: AtomicBool::new(false),
             lane_stuck: AtomicBool::new(false),

@@ -1,0 +1,281 @@
+//! Clients and subscriptions (EMQX v5 paths and shapes) and the health check:
+//! `GET /api/v5/clients`, `GET|DELETE /api/v5/clients/{clientid}`,
+//! `GET /api/v5/clients/{clientid}/subscriptions`, `GET /api/v5/subscriptions` and
+//! `GET /api/v5/status` (the only path that needs no token: load balancers probe it).
+//!
+//! The backend returns every session as a [`ClientInfo`]; filtering and paging (EMQX's
+//! `page`/`limit`, sorted by client id so pages are stable) happen here.
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::api::{blocking, path_name, ApiError, AppState};
+use crate::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
+
+/// One session, connected or not (`GET /clients`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClientInfo {
+    pub clientid: String,
+    /// The username the client presented (or authenticated as).
+    pub username: Option<String>,
+    /// Address of the current or last connection (none for a session restored from disk
+    /// whose client has not come back).
+    pub ip_address: Option<String>,
+    pub connected: bool,
+    /// When the current or last connection was accepted, milliseconds since the epoch.
+    pub connected_at: Option<u64>,
+    /// 3 (MQTT 3.1), 4 (3.1.1) or 5.
+    pub proto_ver: u8,
+    pub proto_name: &'static str,
+    /// Session Expiry Interval in seconds (0: the session ends with the connection).
+    pub expiry_interval: u32,
+    pub subscriptions_cnt: usize,
+    /// Messages queued for the client (in memory and as log positions).
+    pub mqueue_len: usize,
+    /// QoS 1/2 deliveries sent and not yet acknowledged.
+    pub inflight_cnt: usize,
+    /// Messages dropped for this session (QoS 0 while away, byte budgets, queue overflow).
+    pub mqueue_dropped: u64,
+}
+
+/// One subscription (`GET /subscriptions`, `GET /clients/{clientid}/subscriptions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SubscriptionInfo {
+    pub clientid: String,
+    /// The filter as subscribed (with `$share/<group>/` or `$stream/` when it has one).
+    pub topic: String,
+    pub qos: u8,
+    /// No Local.
+    pub nl: u8,
+    /// Retain As Published.
+    pub rap: u8,
+    /// Retain Handling.
+    pub rh: u8,
+}
+
+/// What `DELETE /clients/{clientid}` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kicked {
+    /// The connection got DISCONNECT 0x98 (MQTT 5) or was closed (3.1.1).
+    Disconnected,
+    /// No connection: the stored session was discarded.
+    Discarded,
+    NotFound,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientQuery {
+    page: Option<usize>,
+    limit: Option<usize>,
+    username: Option<String>,
+    /// Substring of the client id (EMQX's name).
+    like_clientid: Option<String>,
+    clientid_prefix: Option<String>,
+    /// `connected` or `disconnected`.
+    conn_state: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubscriptionQuery {
+    page: Option<usize>,
+    limit: Option<usize>,
+    clientid: Option<String>,
+    /// The exact filter.
+    topic: Option<String>,
+    qos: Option<u8>,
+    /// Filters that contain this substring.
+    match_topic: Option<String>,
+}
+
+fn page_limit(page: Option<usize>, limit: Option<usize>) -> Result<(usize, usize), ApiError> {
+    let limit = limit.unwrap_or(LIST_LIMIT_DEFAULT);
+    if !(1..=LIST_LIMIT_MAX).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {LIST_LIMIT_MAX}"
+        )));
+    }
+    let page = page.unwrap_or(1);
+    if page == 0 {
+        return Err(ApiError::bad_request("page starts at 1"));
+    }
+    Ok((page, limit))
+}
+
+/// EMQX's page shape: `{"data": [...], "meta": {page, limit, count, hasnext}}`, `count`
+/// being the number of matching items on all pages.
+fn paged<T: Serialize>(items: Vec<T>, page: usize, limit: usize) -> Value {
+    let count = items.len();
+    let start = (page - 1).saturating_mul(limit).min(count);
+    let end = start.saturating_add(limit).min(count);
+    let data: Vec<Value> = items
+        .into_iter()
+        .skip(start)
+        .take(end - start)
+        .map(|i| serde_json::to_value(i).unwrap_or(Value::Null))
+        .collect();
+    json!({
+        "data": data,
+        "meta": { "page": page, "limit": limit, "count": count, "hasnext": end < count }
+    })
+}
+
+fn not_found(clientid: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "CLIENTID_NOT_FOUND",
+        format!("no session with client id {clientid:?}"),
+    )
+}
+
+async fn list_clients(
+    State(st): State<AppState>,
+    q: Result<Query<ClientQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let (page, limit) = page_limit(q.page, q.limit)?;
+    let connected = match q.conn_state.as_deref() {
+        None => None,
+        Some("connected") => Some(true),
+        Some("disconnected") => Some(false),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "conn_state {other:?}: expected connected or disconnected"
+            )))
+        }
+    };
+    let b = st.backend;
+    let mut items = blocking(move || b.clients()).await?;
+    items.retain(|c| {
+        connected.is_none_or(|want| c.connected == want)
+            && q.username
+                .as_deref()
+                .is_none_or(|u| c.username.as_deref() == Some(u))
+            && q.like_clientid
+                .as_deref()
+                .is_none_or(|s| c.clientid.contains(s))
+            && q.clientid_prefix
+                .as_deref()
+                .is_none_or(|p| c.clientid.starts_with(p))
+    });
+    items.sort_by(|a, b| a.clientid.cmp(&b.clientid));
+    Ok(Json(paged(items, page, limit)))
+}
+
+async fn get_client(
+    State(st): State<AppState>,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<ClientInfo>, ApiError> {
+    let id = path_name(p)?;
+    let b = st.backend;
+    let key = id.clone();
+    blocking(move || b.client(&key))
+        .await?
+        .map(Json)
+        .ok_or_else(|| not_found(&id))
+}
+
+async fn kick_client(
+    State(st): State<AppState>,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = path_name(p)?;
+    let b = st.backend;
+    let key = id.clone();
+    match blocking(move || b.kick(&key)).await? {
+        Kicked::Disconnected | Kicked::Discarded => Ok(StatusCode::NO_CONTENT.into_response()),
+        Kicked::NotFound => Err(not_found(&id)),
+    }
+}
+
+async fn client_subscriptions(
+    State(st): State<AppState>,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<Vec<SubscriptionInfo>>, ApiError> {
+    let id = path_name(p)?;
+    let b = st.backend;
+    let key = id.clone();
+    let mut subs = blocking(move || b.client_subscriptions(&key))
+        .await?
+        .ok_or_else(|| not_found(&id))?;
+    subs.sort_by(|a, b| a.topic.cmp(&b.topic));
+    Ok(Json(subs))
+}
+
+async fn list_subscriptions(
+    State(st): State<AppState>,
+    q: Result<Query<SubscriptionQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let (page, limit) = page_limit(q.page, q.limit)?;
+    if q.qos.is_some_and(|x| x > 2) {
+        return Err(ApiError::bad_request("qos must be 0, 1 or 2"));
+    }
+    let b = st.backend;
+    let mut items = blocking(move || b.subscriptions()).await?;
+    items.retain(|s| {
+        q.clientid.as_deref().is_none_or(|c| s.clientid == c)
+            && q.topic.as_deref().is_none_or(|t| s.topic == t)
+            && q.qos.is_none_or(|x| s.qos == x)
+            && q.match_topic.as_deref().is_none_or(|t| s.topic.contains(t))
+    });
+    items.sort_by(|a, b| (&a.clientid, &a.topic).cmp(&(&b.clientid, &b.topic)));
+    Ok(Json(paged(items, page, limit)))
+}
+
+/// `GET /api/v5/status`: 200 and a line of text while the broker serves, 503 while it shuts
+/// down. No token.
+async fn status(State(st): State<AppState>) -> Response {
+    if st.backend.running() {
+        (StatusCode::OK, "lanemq is running\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "lanemq is shutting down\n").into_response()
+    }
+}
+
+/// The routes behind the token.
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v5/clients", get(list_clients))
+        .route(
+            "/api/v5/clients/{clientid}",
+            get(get_client).delete(kick_client),
+        )
+        .route(
+            "/api/v5/clients/{clientid}/subscriptions",
+            get(client_subscriptions),
+        )
+        .route("/api/v5/subscriptions", get(list_subscriptions))
+}
+
+/// The routes without a token.
+pub(crate) fn public_routes() -> Router<AppState> {
+    Router::new().route("/api/v5/status", get(status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages() {
+        let v = paged((0..5).collect::<Vec<u32>>(), 2, 2);
+        assert_eq!(v["data"], json!([2, 3]));
+        assert_eq!(v["meta"]["hasnext"], json!(true));
+        assert_eq!(v["meta"]["count"], json!(5));
+        let v = paged((0..5).collect::<Vec<u32>>(), 3, 2);
+        assert_eq!(v["data"], json!([4]));
+        assert_eq!(v["meta"]["hasnext"], json!(false));
+        let v = paged((0..5).collect::<Vec<u32>>(), 9, 2);
+        assert_eq!(v["data"], json!([]));
+        assert!(page_limit(Some(0), None).is_err());
+        assert!(page_limit(None, Some(0)).is_err());
+    }
+}
