@@ -677,7 +677,7 @@ fn clients_paths(paths: &mut Map<String, Value>) {
             Value::Array(list_params),
             None,
             ("200", ok("A page of clients", schema_ref("ClientList"))),
-            &[bad_query.clone()],
+            std::slice::from_ref(&bad_query),
         ) }),
     );
     paths.insert(
@@ -690,7 +690,7 @@ fn clients_paths(paths: &mut Map<String, Value>) {
                 json!([clientid_param()]),
                 None,
                 ("200", ok("The client", schema_ref("ClientInfo"))),
-                &[no_client.clone()],
+                std::slice::from_ref(&no_client),
             ),
             "delete": op(
                 "kickClient",
@@ -701,7 +701,7 @@ fn clients_paths(paths: &mut Map<String, Value>) {
                 json!([clientid_param()]),
                 None,
                 ("204", json!({ "description": "Kicked or discarded" })),
-                &[no_client.clone()],
+                std::slice::from_ref(&no_client),
             ),
         }),
     );
