@@ -1625,3 +1625,85 @@ async fn clients_are_listed_kicked_with_0x98_and_discarded() {
     assert_eq!(r.status, 200);
     assert!(r.body.contains("running"), "{}", r.body);
 }
+
+/// `POST /api/v5/publish` stores and routes a message as the `api` identity: a subscriber gets
+/// it with its properties, a retained one reaches a later subscriber, 202 with reason code 16
+/// when nothing matched, 400 for a bad topic; `/publish/bulk` keeps the order. An ACL that
+/// denies `user api` makes it 403.
+#[tokio::test]
+async fn publish_over_http_reaches_mqtt_subscribers() {
+    let (s, api) = admin_server().await;
+    let mut sub = RawClient::connect_ok(s.addr, connect_v5("http-sub")).await;
+    sub.subscribe("http/#", QoS::AtLeastOnce).await;
+    let body = json!({
+        "topic": "http/a", "payload": "hello", "qos": 1,
+        "properties": { "user_properties": { "k": "v" }, "content_type": "text/plain" }
+    });
+    let (st, v) = api.call("POST", "/api/v5/publish", Some(body)).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["id"].as_str().is_some_and(|id| id.parse::<u64>().is_ok()),
+        "{v}"
+    );
+    let p = sub.recv_publish_ack().await;
+    assert_eq!(
+        (p.topic.as_str(), &p.payload[..]),
+        ("http/a", &b"hello"[..])
+    );
+    assert_eq!(p.qos, QoS::AtLeastOnce);
+    assert_eq!(user_prop(&p, "k"), Some("v"));
+    assert_eq!(p.properties.content_type.as_deref(), Some("text/plain"));
+
+    let (st, v) = api
+        .call(
+            "POST",
+            "/api/v5/publish",
+            Some(json!({"topic": "nobody/here"})),
+        )
+        .await;
+    assert_eq!(st, 202, "{v}");
+    assert_eq!(v["reason_code"], 16);
+    let (st, v) = api
+        .call(
+            "POST",
+            "/api/v5/publish",
+            Some(json!({"topic": "kept/1", "payload": "r", "retain": true, "qos": 1})),
+        )
+        .await;
+    assert_eq!(st, 202, "{v}");
+    let mut late = RawClient::connect_ok(s.addr, connect_v5("http-late")).await;
+    late.subscribe("kept/#", QoS::AtLeastOnce).await;
+    let r = late.recv_publish_ack().await;
+    assert!(r.retain && &r.payload[..] == b"r", "{r:?}");
+    for bad in [
+        json!({"topic": "a/+"}),
+        json!({"topic": "$SYS/x"}),
+        json!({"topic": ""}),
+    ] {
+        let (st, v) = api.call("POST", "/api/v5/publish", Some(bad)).await;
+        assert_error(st, &v, 400, "BAD_REQUEST");
+    }
+    let bulk: Vec<Value> = (0..5)
+        .map(|i| json!({"topic": "http/bulk", "payload": format!("b{i}"), "qos": 1}))
+        .collect();
+    let (st, v) = api
+        .call("POST", "/api/v5/publish/bulk", Some(Value::Array(bulk)))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let got: Vec<String> = recv_n(&mut sub, 5).await.iter().map(payload).collect();
+    assert_eq!(got, ["b0", "b1", "b2", "b3", "b4"]);
+
+    // An ACL that denies user api.
+    let dir = temp_data_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let acl = dir.join("deny-api.acl");
+    std::fs::write(&acl, "deny user:api publish filter:#\ndefault allow\n").unwrap();
+    let mut cfg = admin_config();
+    cfg.server.acl_file = Some(acl);
+    let s2 = TestServer::start(cfg).await;
+    let api2 = Api::of(&s2);
+    let (st, v) = api2
+        .call("POST", "/api/v5/publish", Some(json!({"topic": "x"})))
+        .await;
+    assert_error(st, &v, 403, "NOT_AUTHORIZED");
+}

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::clients::{ClientInfo, Kicked, SubscriptionInfo};
+use crate::publish::{ApiPublish, PublishError, Published};
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -68,6 +69,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v5/clients/{clientid}/subscriptions"),
     ("GET", "/api/v5/subscriptions"),
     ("GET", "/api/v5/status"),
+    ("POST", "/api/v5/publish"),
+    ("POST", "/api/v5/publish/bulk"),
 ];
 
 /// What the admin API needs from the broker. The methods are synchronous; the router calls
@@ -143,6 +146,9 @@ pub trait AdminBackend: Send + Sync + 'static {
     fn subscriptions(&self) -> Vec<SubscriptionInfo>;
     /// Serving (false once a shutdown began): `GET /status`.
     fn running(&self) -> bool;
+    /// Publish as the `api` identity (`POST /publish`): the ACL applies; for QoS 1/2 the
+    /// answer comes once the message is durable.
+    fn publish(&self, msg: ApiPublish) -> Result<Published, PublishError>;
 }
 
 /// Tunables of [`router_with`].
@@ -179,6 +185,10 @@ impl ApiError {
             code,
             message: message.into(),
         }
+    }
+
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 
     pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
@@ -518,6 +528,7 @@ pub fn router_with(backend: Arc<dyn AdminBackend>, token: String, opts: RouterOp
         .route("/api/v5/openapi.json", get(openapi_doc))
         .merge(crate::lanes::routes())
         .merge(crate::clients::routes())
+        .merge(crate::publish::routes())
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .with_state(state.clone())

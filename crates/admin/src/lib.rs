@@ -17,6 +17,7 @@ pub mod client;
 mod clients;
 mod lanes;
 pub mod openapi;
+mod publish;
 mod token;
 
 pub use api::{
@@ -25,4 +26,5 @@ pub use api::{
 };
 pub use clients::{ClientInfo, Kicked, SubscriptionInfo};
 pub use lanes::{LaneDetail, LiteMetrics, METRICS_CONTENT_TYPE};
+pub use publish::{ApiPublish, PublishError, Published, BULK_MAX};
 pub use token::{load_or_create_token, TOKEN_FILE};

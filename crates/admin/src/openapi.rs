@@ -102,7 +102,7 @@ fn op(
 }
 
 fn tag_of(id: &str) -> &'static str {
-    if id.contains("Client") || id.contains("Subscription") {
+    if id.contains("Client") || id.contains("Subscription") || id.starts_with("publish") {
         "clients"
     } else if id.contains("tream") || id.contains("etting") {
         "streams"
@@ -769,6 +769,84 @@ fn clients_paths(paths: &mut Map<String, Value>) {
     );
 }
 
+fn publish_paths(paths: &mut Map<String, Value>) {
+    let accepted = (
+        "202",
+        ok(
+            "Stored; no subscription matched (reason code 16)",
+            schema_ref("PublishResult"),
+        ),
+    );
+    let denied = (
+        "403",
+        err("The ACL denies `user:api` this topic", &["NOT_AUTHORIZED"]),
+    );
+    paths.insert(
+        "/api/v5/publish".into(),
+        json!({ "post": op(
+            "publishMessage",
+            "Publish a message",
+            "Publishes as the `api` identity (username and client id `api`, address 127.0.0.1): \
+             the ACL and the checks of a client's PUBLISH apply. The answer comes once the \
+             message is stored (durable under the store's fsync policy) and routed.",
+            json!([]),
+            Some(schema_ref("PublishRequest")),
+            ("200", ok("Stored and delivered", schema_ref("PublishResult"))),
+            &[accepted, denied],
+        ) }),
+    );
+    paths.insert(
+        "/api/v5/publish/bulk".into(),
+        json!({ "post": op(
+            "publishBulk",
+            "Publish several messages",
+            "Up to 1000 messages, checked before any is published, then published in order. \
+             One result per message: `{id}`, `{id, message, reason_code: 16}` or `{code, message}`.",
+            json!([]),
+            Some(json!({ "type": "array", "items": schema_ref("PublishRequest"), "minItems": 1, "maxItems": 1000 })),
+            ("200", ok("One result per message", json!({ "type": "array", "items": { "type": "object" } }))),
+            &[],
+        ) }),
+    );
+}
+
+fn publish_schemas(s: &mut Value) {
+    s["PublishRequest"] = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["topic"],
+        "properties": {
+            "topic": { "type": "string" },
+            "payload": { "type": "string", "default": "" },
+            "payload_encoding": { "type": "string", "enum": ["plain", "base64"], "default": "plain" },
+            "qos": { "type": "integer", "enum": [0, 1, 2], "default": 0 },
+            "retain": { "type": "boolean", "default": false },
+            "clientid": { "type": "string", "description": "Accepted and ignored (EMQX compatibility)" },
+            "properties": {
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "payload_format_indicator": { "type": "integer", "enum": [0, 1] },
+                    "message_expiry_interval": { "type": "integer", "minimum": 0 },
+                    "content_type": { "type": "string" },
+                    "response_topic": { "type": "string" },
+                    "correlation_data": { "type": "string" },
+                    "user_properties": { "type": "object", "additionalProperties": { "type": "string" } }
+                }
+            }
+        }
+    });
+    s["PublishResult"] = json!({
+        "type": "object",
+        "required": ["id"],
+        "properties": {
+            "id": { "type": "string", "description": "The message's log offset" },
+            "message": { "type": "string", "enum": ["no_matched_subscribers"] },
+            "reason_code": { "type": "integer", "enum": [16] }
+        }
+    });
+}
+
 fn clients_schemas(s: &mut Value) {
     let page_meta = json!({
         "type": "object",
@@ -880,9 +958,11 @@ pub fn document() -> Value {
     paths.insert("/api/v5/openapi.json".into(), json!({ "get": openapi }));
     lanes_paths(&mut paths);
     clients_paths(&mut paths);
+    publish_paths(&mut paths);
     let mut schemas = schemas();
     lanes_schemas(&mut schemas);
     clients_schemas(&mut schemas);
+    publish_schemas(&mut schemas);
     json!({
         "openapi": "3.0.3",
         "info": {

@@ -288,6 +288,17 @@ impl AdminBackend for Fake {
         true
     }
 
+    fn publish(
+        &self,
+        msg: lanemq_admin::ApiPublish,
+    ) -> Result<lanemq_admin::Published, lanemq_admin::PublishError> {
+        match msg.topic.as_str() {
+            "denied" => Err(lanemq_admin::PublishError::NotAuthorized("no".into())),
+            "nobody" => Ok(lanemq_admin::Published::NoSubscribers(7)),
+            _ => Ok(lanemq_admin::Published::Delivered(msg.payload.len() as u64)),
+        }
+    }
+
     fn lite_metrics(&self) -> LiteMetrics {
         LiteMetrics {
             parents: lock(&self.parents).len() as u64,
@@ -1133,4 +1144,71 @@ fn status_needs_no_token_and_the_rest_does() {
     assert!(r.body.contains("running"), "{}", r.body);
     let r = request_with_headers(&s.addr, "GET", "/api/v5/clients", &[], None).expect("clients");
     assert_eq!(r.status, 401);
+}
+
+#[test]
+fn publish_and_bulk_check_the_body() {
+    let s = Server::start();
+    let (st, v) = s.call(
+        "POST",
+        "/api/v5/publish",
+        Some(r#"{"topic":"t","payload":"abc","qos":1}"#),
+    );
+    assert_eq!((st, v), (200, json!({"id": "3"})));
+    let (st, v) = s.call(
+        "POST",
+        "/api/v5/publish",
+        Some(r#"{"topic":"t","payload":"AAEC","payload_encoding":"base64"}"#),
+    );
+    assert_eq!(
+        (st, v),
+        (200, json!({"id": "3"})),
+        "base64 decoded to 3 bytes"
+    );
+    let (st, v) = s.call("POST", "/api/v5/publish", Some(r#"{"topic":"nobody"}"#));
+    assert_eq!(st, 202);
+    assert_eq!(v["reason_code"], 16);
+    assert_error(
+        s.call("POST", "/api/v5/publish", Some(r#"{"topic":"denied"}"#)),
+        403,
+        "NOT_AUTHORIZED",
+    );
+    for bad in [
+        r#"{"topic":"t","qos":3}"#,
+        r#"{"payload":"x"}"#,
+        r#"{"topic":"t","payload":"!!","payload_encoding":"base64"}"#,
+        r#"{"topic":"t","payload_encoding":"hex"}"#,
+        r#"{"topic":"t","colour":1}"#,
+        r#"{"topic":"t","properties":{"user_properties":{"a":1}}}"#,
+    ] {
+        assert_error(
+            s.call("POST", "/api/v5/publish", Some(bad)),
+            400,
+            "BAD_REQUEST",
+        );
+    }
+    let (st, v) = s.call(
+        "POST",
+        "/api/v5/publish/bulk",
+        Some(r#"[{"topic":"t","payload":"ab"},{"topic":"nobody"},{"topic":"denied"}]"#),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v[0], json!({"id": "2"}));
+    assert_eq!(v[1]["reason_code"], 16);
+    assert_eq!(v[2]["code"], "NOT_AUTHORIZED");
+    let msg = assert_error(
+        s.call(
+            "POST",
+            "/api/v5/publish/bulk",
+            Some(r#"[{"topic":"t"},{"topic":"t","qos":9}]"#),
+        ),
+        400,
+        "BAD_REQUEST",
+    );
+    assert!(msg.starts_with("[1]"), "{msg}");
+    assert_error(
+        s.call("POST", "/api/v5/publish/bulk", Some("[]")),
+        400,
+        "BAD_REQUEST",
+    );
 }

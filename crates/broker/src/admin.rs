@@ -186,6 +186,13 @@ impl AdminBackend for BrokerAdmin {
             .collect()
     }
 
+    fn publish(
+        &self,
+        msg: lanemq_admin::ApiPublish,
+    ) -> Result<lanemq_admin::Published, lanemq_admin::PublishError> {
+        self.broker.publish_api(msg)
+    }
+
     fn running(&self) -> bool {
         !self.broker.is_shutting_down()
     }

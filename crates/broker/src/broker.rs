@@ -73,6 +73,10 @@ impl Auth {
     }
 }
 
+/// The username and client id of messages published over the REST API (ACL rules for
+/// `user:api` apply to them).
+pub const API_IDENTITY: &str = "api";
+
 /// What ingest did with a message.
 #[derive(Debug, Clone, Default)]
 pub struct Ingested {
@@ -747,6 +751,109 @@ impl Broker {
             }
             drop(low);
         });
+    }
+
+    /// Publish a message for the REST API (`POST /api/v5/publish`) as the `api` identity:
+    /// the same checks as a client's PUBLISH (topic, `$SYS`, QoS, retain, payload format,
+    /// size, ACL), stored, then routed once durable. Blocks until then (call it off the
+    /// runtime's workers). Returns the log offset and whether anything matched.
+    pub fn publish_api(
+        self: &Arc<Self>,
+        msg: lanemq_admin::ApiPublish,
+    ) -> Result<lanemq_admin::Published, lanemq_admin::PublishError> {
+        use lanemq_admin::{PublishError, Published};
+        let cfg = &self.config.mqtt;
+        let invalid = |m: String| Err(PublishError::Invalid(m));
+        if !topic::valid_topic_name(&msg.topic) {
+            return invalid(format!("{:?} is not a valid topic name", msg.topic));
+        }
+        if msg.topic == "$SYS" || msg.topic.starts_with("$SYS/") {
+            return invalid("$SYS topics are the broker's own".into());
+        }
+        if msg.qos > cfg.maximum_qos {
+            return invalid(format!("qos {} is above mqtt.maximum_qos", msg.qos));
+        }
+        if msg.retain && !cfg.retain_available {
+            return invalid("retained messages are not available (mqtt.retain_available)".into());
+        }
+        if msg.payload_format_indicator == Some(1) && std::str::from_utf8(&msg.payload).is_err() {
+            return invalid("payload_format_indicator is 1 but the payload is not UTF-8".into());
+        }
+        if msg.payload.len() > cfg.max_packet_size_bytes as usize {
+            return invalid(format!(
+                "payload of {} bytes is above mqtt.max_packet_size_bytes",
+                msg.payload.len()
+            ));
+        }
+        let auth = self.auth();
+        let req = lanemq_acl::Request {
+            username: Some(API_IDENTITY),
+            client_id: API_IDENTITY,
+            ip: std::net::IpAddr::from([127, 0, 0, 1]),
+            action: lanemq_acl::Action::Publish,
+            topic: &msg.topic,
+        };
+        if !auth.acl.check(&req).allowed {
+            return Err(PublishError::NotAuthorized(format!(
+                "the ACL denies user {API_IDENTITY:?} publishing to {:?}",
+                msg.topic
+            )));
+        }
+        let props = lanemq_protocol::PublishProperties {
+            payload_format_indicator: msg.payload_format_indicator,
+            message_expiry_interval: msg.message_expiry_interval,
+            content_type: msg.content_type,
+            response_topic: msg.response_topic,
+            correlation_data: msg.correlation_data.map(bytes::Bytes::from),
+            user_properties: msg.user_properties,
+            ..Default::default()
+        };
+        let mut m = Message::new(
+            msg.topic.as_str().into(),
+            bytes::Bytes::from(msg.payload),
+            QoS::from_u8(msg.qos).unwrap_or(QoS::AtMostOnce),
+            msg.retain,
+            props,
+            API_IDENTITY.into(),
+        );
+        m.username = Some(API_IDENTITY.into());
+        let rec = crate::persist::record_in(&m, None);
+        let low = self.persist.register_low();
+        low.store(self.persist.store.next_offset(), Ordering::SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let cb: Callback = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        let in_lane = self.lite.engine.active()
+            && matches!(
+                self.lite.engine.classify(&msg.topic),
+                lanemq_lite::engine::Classified::Lane { .. }
+            );
+        m.offset = self
+            .append(rec, cb)
+            .map_err(|e| PublishError::Unavailable(format!("cannot store the message: {e}")))?;
+        m.in_lane = in_lane;
+        let offset = m.offset;
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Err(PublishError::Unavailable(format!(
+                    "the message was not stored: {e}"
+                )))
+            }
+            Err(_) => {
+                return Err(PublishError::Unavailable(
+                    "the store did not answer within 10 s".into(),
+                ))
+            }
+        }
+        let ingested = self.ingest(Arc::new(m));
+        drop(low);
+        Ok(if ingested.matched || in_lane {
+            Published::Delivered(offset)
+        } else {
+            Published::NoSubscribers(offset)
+        })
     }
 
     /// Retained messages matching `filter`, not expired (expired ones are removed).
