@@ -497,7 +497,12 @@ pub struct Client {
     password: Vec<u8>,
     bare: String,
     nonce: String,
+    max_iterations: u32,
 }
+
+/// Most PBKDF2 iterations a [`Client`] accepts from a server by default: a server (or a
+/// man in the middle) that asks for billions would otherwise keep the client busy for hours.
+pub const CLIENT_MAX_ITERATIONS: u32 = 1_000_000;
 
 /// A client waiting for the server-final-message.
 #[derive(Debug, Clone)]
@@ -520,8 +525,15 @@ impl Client {
             password: password.to_vec(),
             bare,
             nonce: nonce.to_string(),
+            max_iterations: CLIENT_MAX_ITERATIONS,
         };
         (c, first)
+    }
+
+    /// Refuse a server-first-message that asks for more than `n` iterations.
+    pub fn max_iterations(mut self, n: u32) -> Client {
+        self.max_iterations = n;
+        self
     }
 
     /// Answer the server-first-message: returns the state and the client-final-message.
@@ -545,6 +557,12 @@ impl Client {
             .and_then(|i| i.parse().ok())
             .filter(|&i| i > 0)
             .ok_or_else(|| malformed("s=<salt> must be followed by i=<iterations>"))?;
+        if iterations > self.max_iterations {
+            return Err(malformed(format!(
+                "the server asks for {iterations} iterations, more than {}",
+                self.max_iterations
+            )));
+        }
         let mech = self.mechanism;
         let salted = mech.salted_password(&self.password, &salt, iterations);
         let client_key = mech.hmac(&salted, &[b"Client Key"]);
@@ -695,6 +713,21 @@ mod tests {
                 "a wrong server signature"
             );
         }
+    }
+
+    /// Found by fuzzing: a server-first-message with `i=4294967295` kept the client in PBKDF2
+    /// for hours. It is refused at once.
+    #[test]
+    fn client_refuses_a_huge_iteration_count() {
+        let (client, _) = Client::start(Mechanism::Sha512, "u", b"pw", "cn");
+        let t = std::time::Instant::now();
+        let e = client
+            .clone()
+            .finish("r=cnXX,s=c2FsdA==,i=4294967295")
+            .expect_err("refused");
+        assert!(matches!(e, ScramError::Malformed(_)), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        assert!(client.max_iterations(4).finish("r=cnXX,s=c2FsdA==,i=5").is_err());
     }
 
     #[test]
