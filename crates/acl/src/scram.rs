@@ -727,7 +727,10 @@ mod tests {
             .expect_err("refused");
         assert!(matches!(e, ScramError::Malformed(_)), "{e}");
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
-        assert!(client.max_iterations(4).finish("r=cnXX,s=c2FsdA==,i=5").is_err());
+        assert!(client
+            .max_iterations(4)
+            .finish("r=cnXX,s=c2FsdA==,i=5")
+            .is_err());
     }
 
     #[test]
