@@ -1713,3 +1713,46 @@ async fn publish_over_http_reaches_mqtt_subscribers() {
         .await;
     assert_error(st, &v, 403, "NOT_AUTHORIZED");
 }
+
+/// The retainer API over a real broker: retained messages published by an MQTT client are
+/// listed (filtered by a topic filter), shown with their payload and deleted without anything
+/// being published; a later subscriber gets no retained copy.
+#[tokio::test]
+async fn retained_messages_are_listed_shown_and_deleted() {
+    let (s, api) = admin_server().await;
+    let mut watcher = RawClient::connect_ok(s.addr, connect_v5("ret-watch")).await;
+    watcher.subscribe("ret/#", QoS::AtLeastOnce).await;
+    let mut p = RawClient::connect_ok(s.addr, connect_v5("ret-pub")).await;
+    for (t, m) in [("ret/a", "one"), ("ret/b/c", "two"), ("other", "three")] {
+        let mut msg = publish(t, QoS::AtLeastOnce, p.next_pid(), m.as_bytes());
+        msg.retain = true;
+        assert_eq!(p.publish_acked(msg).await, 0);
+    }
+    let _ = recv_n(&mut watcher, 2).await;
+    let (st, v) = api
+        .call("GET", "/api/v5/mqtt/retainer/messages?topic=ret/%23", None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["meta"]["count"], 2, "{v}");
+    assert_eq!(v["data"][0]["topic"], "ret/a");
+    assert_eq!(v["data"][0]["from_clientid"], "ret-pub");
+    let (st, v) = api
+        .call("GET", "/api/v5/mqtt/retainer/message/ret%2Fb%2Fc", None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["payload"], "dHdv", "base64 of two");
+    let (st, _) = api
+        .call("DELETE", "/api/v5/mqtt/retainer/message/ret/b/c", None)
+        .await;
+    assert_eq!(st, 204);
+    watcher.expect_nothing(300).await;
+    let mut late = RawClient::connect_ok(s.addr, connect_v5("ret-late")).await;
+    late.subscribe("ret/#", QoS::AtLeastOnce).await;
+    let got = late.recv_publish_ack().await;
+    assert_eq!(got.topic, "ret/a");
+    late.expect_nothing(300).await;
+    let (st, v) = api
+        .call("DELETE", "/api/v5/mqtt/retainer/message/ret/b/c", None)
+        .await;
+    assert_error(st, &v, 404, "NOT_FOUND");
+}

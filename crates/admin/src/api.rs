@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::clients::{ClientInfo, Kicked, SubscriptionInfo};
 use crate::publish::{ApiPublish, PublishError, Published};
+use crate::retainer::RetainedInfo;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
@@ -71,6 +72,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v5/status"),
     ("POST", "/api/v5/publish"),
     ("POST", "/api/v5/publish/bulk"),
+    ("GET", "/api/v5/mqtt/retainer/messages"),
+    ("GET", "/api/v5/mqtt/retainer/message/{topic}"),
+    ("DELETE", "/api/v5/mqtt/retainer/message/{topic}"),
 ];
 
 /// What the admin API needs from the broker. The methods are synchronous; the router calls
@@ -149,6 +153,13 @@ pub trait AdminBackend: Send + Sync + 'static {
     /// Publish as the `api` identity (`POST /publish`): the ACL applies; for QoS 1/2 the
     /// answer comes once the message is durable.
     fn publish(&self, msg: ApiPublish) -> Result<Published, PublishError>;
+    /// Retained messages whose topic matches `filter` (every one without it); `Err`: the
+    /// filter is not a valid MQTT filter.
+    fn retained(&self, filter: Option<&str>) -> Result<Vec<RetainedInfo>, String>;
+    /// One retained message with its payload.
+    fn retained_message(&self, topic: &str) -> Option<(RetainedInfo, Vec<u8>)>;
+    /// Remove a retained message (nothing is published); false if there was none.
+    fn delete_retained(&self, topic: &str) -> bool;
 }
 
 /// Tunables of [`router_with`].
@@ -529,6 +540,7 @@ pub fn router_with(backend: Arc<dyn AdminBackend>, token: String, opts: RouterOp
         .merge(crate::lanes::routes())
         .merge(crate::clients::routes())
         .merge(crate::publish::routes())
+        .merge(crate::retainer::routes())
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .with_state(state.clone())

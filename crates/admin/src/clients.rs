@@ -95,7 +95,10 @@ struct SubscriptionQuery {
     match_topic: Option<String>,
 }
 
-fn page_limit(page: Option<usize>, limit: Option<usize>) -> Result<(usize, usize), ApiError> {
+pub(crate) fn page_limit(
+    page: Option<usize>,
+    limit: Option<usize>,
+) -> Result<(usize, usize), ApiError> {
     let limit = limit.unwrap_or(LIST_LIMIT_DEFAULT);
     if !(1..=LIST_LIMIT_MAX).contains(&limit) {
         return Err(ApiError::bad_request(format!(
@@ -111,7 +114,7 @@ fn page_limit(page: Option<usize>, limit: Option<usize>) -> Result<(usize, usize
 
 /// EMQX's page shape: `{"data": [...], "meta": {page, limit, count, hasnext}}`, `count`
 /// being the number of matching items on all pages.
-fn paged<T: Serialize>(items: Vec<T>, page: usize, limit: usize) -> Value {
+pub(crate) fn paged<T: Serialize>(items: Vec<T>, page: usize, limit: usize) -> Value {
     let count = items.len();
     let start = (page - 1).saturating_mul(limit).min(count);
     let end = start.saturating_add(limit).min(count);

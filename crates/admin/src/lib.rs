@@ -18,6 +18,7 @@ mod clients;
 mod lanes;
 pub mod openapi;
 mod publish;
+mod retainer;
 mod token;
 
 pub use api::{
@@ -27,4 +28,5 @@ pub use api::{
 pub use clients::{ClientInfo, Kicked, SubscriptionInfo};
 pub use lanes::{LaneDetail, LiteMetrics, METRICS_CONTENT_TYPE};
 pub use publish::{ApiPublish, PublishError, Published, BULK_MAX};
+pub use retainer::RetainedInfo;
 pub use token::{load_or_create_token, TOKEN_FILE};

@@ -102,7 +102,11 @@ fn op(
 }
 
 fn tag_of(id: &str) -> &'static str {
-    if id.contains("Client") || id.contains("Subscription") || id.starts_with("publish") {
+    if id.contains("Client")
+        || id.contains("Subscription")
+        || id.starts_with("publish")
+        || id.contains("Retained")
+    {
         "clients"
     } else if id.contains("tream") || id.contains("etting") {
         "streams"
@@ -810,7 +814,74 @@ fn publish_paths(paths: &mut Map<String, Value>) {
     );
 }
 
+fn retainer_paths(paths: &mut Map<String, Value>) {
+    let topic = json!({
+        "name": "topic", "in": "path", "required": true,
+        "description": "The topic; its `/` as they are or url-encoded",
+        "schema": { "type": "string" }
+    });
+    let missing = (
+        "404",
+        err("No retained message on that topic", &["NOT_FOUND"]),
+    );
+    let mut params = paging_params();
+    params.push(query_param(
+        "topic",
+        "Only topics that match this MQTT filter",
+        json!({ "type": "string" }),
+    ));
+    paths.insert(
+        "/api/v5/mqtt/retainer/messages".into(),
+        json!({ "get": op(
+            "listRetainedMessages",
+            "List retained messages",
+            "Retained messages sorted by topic, without payloads, a page at a time.",
+            Value::Array(params),
+            None,
+            ("200", ok("A page of retained messages", json!({ "type": "object" }))),
+            &[("400", err("Invalid `page`, `limit` or `topic` filter", &["BAD_REQUEST"]))],
+        ) }),
+    );
+    paths.insert(
+        "/api/v5/mqtt/retainer/message/{topic}".into(),
+        json!({
+            "get": op(
+                "getRetainedMessage",
+                "Show a retained message",
+                "The retained message of a topic, its payload in base64.",
+                json!([topic.clone()]),
+                None,
+                ("200", ok("The message", schema_ref("RetainedMessage"))),
+                std::slice::from_ref(&missing),
+            ),
+            "delete": op(
+                "deleteRetainedMessage",
+                "Delete a retained message",
+                "Removes the retained message of a topic; nothing is published.",
+                json!([topic]),
+                None,
+                ("204", json!({ "description": "Deleted" })),
+                &[missing],
+            ),
+        }),
+    );
+}
+
 fn publish_schemas(s: &mut Value) {
+    s["RetainedMessage"] = json!({
+        "type": "object",
+        "required": ["topic", "msgid", "qos", "from_clientid", "publish_at", "payload_bytes"],
+        "properties": {
+            "topic": { "type": "string" },
+            "msgid": { "type": "string", "description": "The message's log offset" },
+            "qos": { "type": "integer", "enum": [0, 1, 2] },
+            "from_clientid": { "type": "string" },
+            "from_username": { "type": "string", "nullable": true },
+            "publish_at": { "type": "integer", "description": "Milliseconds since the epoch" },
+            "payload_bytes": { "type": "integer" },
+            "payload": { "type": "string", "description": "base64 (GET of one message only)" }
+        }
+    });
     s["PublishRequest"] = json!({
         "type": "object",
         "additionalProperties": false,
@@ -959,6 +1030,7 @@ pub fn document() -> Value {
     lanes_paths(&mut paths);
     clients_paths(&mut paths);
     publish_paths(&mut paths);
+    retainer_paths(&mut paths);
     let mut schemas = schemas();
     lanes_schemas(&mut schemas);
     clients_schemas(&mut schemas);

@@ -34,6 +34,18 @@ const CLIENTS: [(&str, &str, bool); 4] = [
     ("dev-10", "carol", true),
 ];
 
+fn fake_retained(topic: &str) -> lanemq_admin::RetainedInfo {
+    lanemq_admin::RetainedInfo {
+        topic: topic.to_string(),
+        msgid: "1".into(),
+        qos: 1,
+        from_clientid: "c".into(),
+        from_username: None,
+        publish_at: 5,
+        payload_bytes: 2,
+    }
+}
+
 fn fake_client(id: &str, user: &str, connected: bool) -> ClientInfo {
     ClientInfo {
         clientid: id.to_string(),
@@ -286,6 +298,25 @@ impl AdminBackend for Fake {
 
     fn running(&self) -> bool {
         true
+    }
+
+    fn retained(&self, filter: Option<&str>) -> Result<Vec<lanemq_admin::RetainedInfo>, String> {
+        if filter == Some("a/#/b") {
+            return Err("not a valid filter".into());
+        }
+        Ok(["r/2", "r/1/x"]
+            .iter()
+            .filter(|t| filter.is_none_or(|f| t.starts_with(f.trim_end_matches('#'))))
+            .map(|t| fake_retained(t))
+            .collect())
+    }
+
+    fn retained_message(&self, topic: &str) -> Option<(lanemq_admin::RetainedInfo, Vec<u8>)> {
+        (topic == "r/1/x").then(|| (fake_retained(topic), b"hi".to_vec()))
+    }
+
+    fn delete_retained(&self, topic: &str) -> bool {
+        topic == "r/1/x"
     }
 
     fn publish(
@@ -1210,5 +1241,41 @@ fn publish_and_bulk_check_the_body() {
         s.call("POST", "/api/v5/publish/bulk", Some("[]")),
         400,
         "BAD_REQUEST",
+    );
+}
+
+#[test]
+fn retainer_lists_shows_and_deletes() {
+    let s = Server::start();
+    let (st, v) = s.call("GET", "/api/v5/mqtt/retainer/messages", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["data"][0]["topic"], "r/1/x", "sorted by topic");
+    assert_eq!(v["meta"]["count"], 2);
+    let (_, v) = s.call("GET", "/api/v5/mqtt/retainer/messages?topic=r/1/%23", None);
+    assert_eq!(v["meta"]["count"], 1, "{v}");
+    assert_error(
+        s.call("GET", "/api/v5/mqtt/retainer/messages?topic=a/%23/b", None),
+        400,
+        "BAD_REQUEST",
+    );
+    let (st, v) = s.call("GET", "/api/v5/mqtt/retainer/message/r/1/x", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["payload"], "aGk=");
+    let (st, _) = s.call("GET", "/api/v5/mqtt/retainer/message/r%2F1%2Fx", None);
+    assert_eq!(st, 200, "url-encoded slashes");
+    assert_error(
+        s.call("GET", "/api/v5/mqtt/retainer/message/none", None),
+        404,
+        "NOT_FOUND",
+    );
+    assert_eq!(
+        s.call("DELETE", "/api/v5/mqtt/retainer/message/r/1/x", None)
+            .0,
+        204
+    );
+    assert_error(
+        s.call("DELETE", "/api/v5/mqtt/retainer/message/none", None),
+        404,
+        "NOT_FOUND",
     );
 }

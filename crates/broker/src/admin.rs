@@ -76,6 +76,18 @@ fn client_info(s: &crate::session::Session) -> ClientInfo {
     }
 }
 
+fn retained_info(m: &crate::message::Message) -> lanemq_admin::RetainedInfo {
+    lanemq_admin::RetainedInfo {
+        topic: m.topic.to_string(),
+        msgid: m.offset.to_string(),
+        qos: m.qos.as_u8(),
+        from_clientid: m.publisher.to_string(),
+        from_username: m.username.as_deref().map(str::to_string),
+        publish_at: m.timestamp_us / 1000,
+        payload_bytes: m.payload.len(),
+    }
+}
+
 fn subscription_infos(s: &crate::session::Session) -> Vec<SubscriptionInfo> {
     let st = s.lock();
     let one = |topic: &str, o: &lanemq_protocol::SubscriptionOptions| SubscriptionInfo {
@@ -191,6 +203,37 @@ impl AdminBackend for BrokerAdmin {
         msg: lanemq_admin::ApiPublish,
     ) -> Result<lanemq_admin::Published, lanemq_admin::PublishError> {
         self.broker.publish_api(msg)
+    }
+
+    fn retained(&self, filter: Option<&str>) -> Result<Vec<lanemq_admin::RetainedInfo>, String> {
+        if let Some(f) = filter {
+            if !lanemq_protocol::topic::valid_filter(f) {
+                return Err(format!("topic {f:?} is not a valid MQTT topic filter"));
+            }
+        }
+        Ok(self
+            .broker
+            .retained_snapshot()
+            .iter()
+            .filter(|(t, _)| filter.is_none_or(|f| lanemq_protocol::topic::matches(f, t)))
+            .map(|(_, m)| retained_info(m))
+            .collect())
+    }
+
+    fn retained_message(&self, topic: &str) -> Option<(lanemq_admin::RetainedInfo, Vec<u8>)> {
+        self.broker
+            .retained_snapshot()
+            .into_iter()
+            .find(|(t, _)| &**t == topic)
+            .map(|(_, m)| (retained_info(&m), m.payload.to_vec()))
+    }
+
+    fn delete_retained(&self, topic: &str) -> bool {
+        let removed = self.broker.delete_retained(topic);
+        if removed {
+            info!(topic, "admin API: retained message deleted");
+        }
+        removed
     }
 
     fn running(&self) -> bool {

@@ -885,8 +885,30 @@ impl Broker {
         out
     }
 
+    /// Remove the retained message of `topic` without publishing anything (REST
+    /// `DELETE /api/v5/mqtt/retainer/message/{topic}`); false if there was none.
+    pub fn delete_retained(&self, topic: &str) -> bool {
+        let removed = self
+            .retained
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(topic);
+        match removed {
+            Some(old) => {
+                if old.offset != NOT_STORED {
+                    self.persist.submit(Op::Retain {
+                        topic: old.topic.clone(),
+                        offset: None,
+                    });
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Every retained message (topic, message), copied out of the table.
-    pub(crate) fn retained_snapshot(&self) -> Vec<(Arc<str>, Arc<Message>)> {
+    pub fn retained_snapshot(&self) -> Vec<(Arc<str>, Arc<Message>)> {
         self.retained
             .read()
             .unwrap_or_else(|e| e.into_inner())
