@@ -1308,7 +1308,11 @@ impl HttpBroker {
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&b.admin).is_err() {
+        // Ready when the port accepts and our broker logged "lanemq ready" (another test's
+        // process may have taken the port between `free_port` and our bind).
+        while std::net::TcpStream::connect(&b.admin).is_err()
+            || !b.log_text().contains("lanemq ready")
+        {
             if let Some(st) = b.child.try_wait().unwrap() {
                 panic!("broker exited with {st}:\n{}", b.log_text());
             }

@@ -163,9 +163,16 @@ impl Broker {
                 tokio::net::TcpStream::connect(self.addr),
             )
             .await;
+            // The port accepting is not enough: another test's process may have taken it
+            // between `free_port` and our bind (then our broker exits with "address in use",
+            // reported above). Ours logs "lanemq ready" once per start.
             if let Ok(Ok(s)) = probe {
                 drop(s);
-                return;
+                let readies = std::fs::read_to_string(&self.log_path)
+                    .map_or(0, |t| t.matches("lanemq ready").count());
+                if readies >= self.starts as usize || std::env::var_os("RUST_LOG").is_some() {
+                    return;
+                }
             }
             assert!(
                 Instant::now() < deadline,
