@@ -549,6 +549,7 @@ pub fn router_with(backend: Arc<dyn AdminBackend>, token: String, opts: RouterOp
         .layer(from_fn_with_state(Arc::<str>::from(token), auth_mw))
         // The health check needs no token (load balancers probe it).
         .merge(crate::clients::public_routes().with_state(state))
+        .merge(crate::dashboard::router())
         .layer(from_fn(log_mw))
 }
 

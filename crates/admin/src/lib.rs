@@ -15,6 +15,7 @@
 mod api;
 pub mod client;
 mod clients;
+mod dashboard;
 mod lanes;
 pub mod openapi;
 mod publish;
