@@ -236,6 +236,7 @@
           width: Math.max(300, box.clientWidth),
           height: 160,
           cursor: { drag: { x: false, y: false } },
+          legend: { live: false },
           scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, (max || 0) * 1.15)] } },
           axes: [{}, { size: 56, values: (u, vals) => vals.map(fmtShort) }],
           series: [{}].concat(labels.map((label, i) => ({
@@ -595,6 +596,7 @@
     next: null,
     count: 0,
     generation: 0,
+    listRefreshed: 0,
 
     startOffset() {
       const from = $('v-from').value;
@@ -663,6 +665,11 @@
       this.append(data);
       if (res && res.next !== undefined && res.next !== null) this.next = String(res.next);
       this.count += data.length;
+      // New messages change the stream's figures: refresh the list (at most every 2 s).
+      if (data.length && tab === 'streams' && Date.now() - this.listRefreshed > 2000) {
+        this.listRefreshed = Date.now();
+        streams.refresh();
+      }
       $('viewer-status').textContent =
         `${this.stream}: ${fmtNum(this.count)} message(s) · live, next ${this.next}`;
       // A full page means more is waiting: read on at once; otherwise poll once a second.
