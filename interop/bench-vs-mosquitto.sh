@@ -21,7 +21,11 @@
 #   SLOW_RATE=100000  offered rate of rate_q0 / slow_consumer_q0
 #   BROKERS="mosquitto lanemq"
 #   RESULTS=target/bench-results/<timestamp>   where the JSON goes
-#   SVG=docs/bench.svg  chart output ("" = no chart)
+#   BENCH_DATA=docs/bench-data  family data files written from RESULTS ("" = none)
+#   CHARTS=docs/charts  one chart per family, FAMILY.svg ("" = no charts); plotting runs in
+#                     interop/.venv-plot (matplotlib, set up by interop/bench-plot.sh);
+#                     RESULTS/data and RESULTS/charts get the same files in any case
+#   SVG=              also all families in one chart file ("" = none)
 #   LANEMQ_CMD='...'  lanemq command line; {PORT} and {DATA} are substituted
 #                     (default: target/release/lanemq serve --mqtt 127.0.0.1:{PORT} --data-dir {DATA})
 #   MOSQUITTO=/usr/sbin/mosquitto
@@ -44,7 +48,9 @@ INFLIGHT=${INFLIGHT:-100}
 SCENARIOS=${SCENARIOS:-"fanin_q0 fanout_q0 fanin_q1 fanin_q1_1k latency_q0 idle"}
 BROKERS=${BROKERS:-"mosquitto lanemq"}
 RESULTS=${RESULTS:-$ROOT/target/bench-results/$(date +%Y%m%d-%H%M%S)}
-SVG=${SVG-$ROOT/docs/bench.svg}
+BENCH_DATA=${BENCH_DATA-$ROOT/docs/bench-data}
+CHARTS=${CHARTS-$ROOT/docs/charts}
+SVG=${SVG-}
 MOSQUITTO=${MOSQUITTO:-/usr/sbin/mosquitto}
 MOSQ_NODELAY=${MOSQ_NODELAY:-auto}
 BENCH=$ROOT/target/release/lanemq-bench
@@ -109,6 +115,22 @@ mkdir -p "$RESULTS"
     echo "rounds: $ROUNDS duration: $DURATION warmup: $WARMUP inflight: $INFLIGHT idle: $IDLE_CONNS"
 } >"$RESULTS/machine.txt"
 cat "$RESULTS/machine.txt" >&2
+LOAD_START=$(cat /proc/loadavg)
+# write_meta: RESULTS/meta.json (commit, date, load average at start and end, rounds) for bench_plot.py
+write_meta() {
+    python3 - "$RESULTS/meta.json" "$(git rev-parse --short HEAD 2>/dev/null || echo '?')" "$(date -Is)" \
+        "$LOAD_START" "$(cat /proc/loadavg)" "$ROUNDS" "$DURATION" "$WARMUP" "$SCENARIOS" "$BROKERS" <<'EOF'
+import json, sys
+keys = ["commit", "date", "loadavg_start", "loadavg_end", "rounds", "duration", "warmup", "scenarios", "brokers"]
+m = dict(zip(keys, sys.argv[2:]))
+for k in ("rounds", "duration", "warmup"):
+    m[k] = int(m[k]) if m[k].isdigit() else m[k]
+m["scenarios"], m["brokers"] = m["scenarios"].split(), m["brokers"].split()
+with open(sys.argv[1], "w") as fh:
+    json.dump(m, fh, indent=1)
+    fh.write("\n")
+EOF
+}
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
@@ -250,5 +272,12 @@ for s in $SCENARIOS; do
     done
 done
 
-python3 "$ROOT/interop/bench_plot.py" "$RESULTS" ${SVG:+--svg "$SVG"} | tee "$RESULTS/table.txt"
+write_meta
+# results -> data files -> charts, once into RESULTS and once into docs/ (BENCH_DATA, CHARTS)
+bash "$ROOT/interop/bench-plot.sh" "$RESULTS" --data-out "$RESULTS/data" --out-dir "$RESULTS/charts" \
+    ${SVG:+--svg "$SVG"} | tee "$RESULTS/table.txt"
+if [[ -n $BENCH_DATA || -n $CHARTS ]]; then
+    bash "$ROOT/interop/bench-plot.sh" "$RESULTS" ${BENCH_DATA:+--data-out "$BENCH_DATA"} \
+        ${CHARTS:+--out-dir "$CHARTS"} >/dev/null
+fi
 log "results in $RESULTS"
