@@ -190,6 +190,13 @@ try {
     await page.locator('#viewer-status', { hasText: 'live' }).waitFor();
     // The list follows: the stream's message count is 2.
     await page.locator('#streams-table tbody tr[data-stream="dashtest"] td.num', { hasText: /^2$/ }).waitFor();
+  });
+
+  await check('viewer: a payload with HTML is shown as text, not interpreted', async () => {
+    mqttPub('sensors/t3', '<b id="xss">not bold</b><img src=x onerror="window.xss=1">');
+    await page.locator('#viewer-table tbody td', { hasText: '<b id="xss">not bold</b>' }).waitFor({ timeout: 5000 });
+    if (await page.locator('#xss').count()) throw new Error('the payload became an element');
+    if (await page.evaluate(() => window.xss)) throw new Error('the payload ran');
     await shot(page, 'streams');
   });
 
