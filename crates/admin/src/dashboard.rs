@@ -42,7 +42,11 @@ const INDEX: &str = include_str!("../assets/dashboard/index.html");
 /// Every file under `/dashboard/`: (name, content type, content).
 pub const ASSETS: &[(&str, &str, &str)] = &[
     ("app.js", JS, include_str!("../assets/dashboard/app.js")),
-    ("style.css", CSS, include_str!("../assets/dashboard/style.css")),
+    (
+        "style.css",
+        CSS,
+        include_str!("../assets/dashboard/style.css"),
+    ),
     (
         "favicon.svg",
         SVG,
@@ -174,7 +178,9 @@ mod tests {
         assert!(r
             .body
             .contains("<script src=\"/dashboard/vendor/uPlot.iife.min.js\"></script>"));
-        assert!(r.body.contains("<script src=\"/dashboard/app.js\"></script>"));
+        assert!(r
+            .body
+            .contains("<script src=\"/dashboard/app.js\"></script>"));
     }
 
     #[test]
