@@ -287,6 +287,113 @@ async fn stream_created_by_post_captures_mqtt_publishes_and_replays_them_from_ea
     assert_eq!(payload(&c.recv_publish_ack().await), "m5");
 }
 
+/// `GET /stream/{name}/messages` reads what MQTT replays, with the same positions, and its
+/// `next` follows the stream live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_messages_over_http_match_the_mqtt_replay_and_follow_live() {
+    let (s, api) = admin_server().await;
+    api.create(json!({ "name": "viewer", "topic_filter": "v/#" }))
+        .await;
+    let mut p = s.v5("pub").await;
+    publish_n(&mut p, "v/a", 0..5).await;
+    assert!(p.publish_qos1("w/x", b"outside").await < 0x80);
+    let mut c = s.v5("reader").await;
+    sub_stream(&mut c, "$stream/viewer", EARLIEST).await;
+    let replay = recv_n(&mut c, 5).await;
+    let mqtt_offsets: Vec<String> = replay
+        .iter()
+        .map(|m| format!("@{}", stream_offset_of(m)))
+        .collect();
+
+    let (st, v) = api
+        .call("GET", "/api/v5/stream/viewer/messages?limit=3", None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let page1 = v["data"].as_array().unwrap().clone();
+    assert_eq!(page1.len(), 3, "{v}");
+    let (st, v2) = api
+        .call(
+            "GET",
+            &format!(
+                "/api/v5/stream/viewer/messages?offset={}",
+                v["next"].as_str().unwrap()
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(st, 200, "{v2}");
+    let all: Vec<Value> = page1
+        .into_iter()
+        .chain(v2["data"].as_array().unwrap().iter().cloned())
+        .collect();
+    let http_offsets: Vec<String> = all
+        .iter()
+        .map(|m| m["offset"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        http_offsets, mqtt_offsets,
+        "the same positions as the MQTT replay"
+    );
+    let texts: Vec<&str> = all.iter().map(|m| m["payload"].as_str().unwrap()).collect();
+    assert_eq!(texts, ["m0", "m1", "m2", "m3", "m4"]);
+    assert_eq!(all[0]["topic"], "v/a");
+    assert_eq!(all[0]["from_clientid"], "pub");
+    assert_eq!(all[0]["payload_encoding"], "utf8");
+    let ts = all[0]["ts"].as_u64().unwrap();
+    assert!(
+        (ts * 1000).abs_diff(now_us()) < 60_000_000,
+        "ts in ms: {ts}"
+    );
+
+    // Nothing new: `next` stays; a new publish then shows up after it.
+    let next = v2["next"].as_str().unwrap().to_string();
+    let path = format!("/api/v5/stream/viewer/messages?offset={next}");
+    let (_, v3) = api.call("GET", &path, None).await;
+    assert_eq!(v3["data"], json!([]), "{v3}");
+    assert_eq!(v3["next"], next.as_str());
+    publish_n(&mut p, "v/b", 5..6).await;
+    let mut got = Value::Null;
+    for _ in 0..100 {
+        let (_, v4) = api.call("GET", &path, None).await;
+        if v4["data"].as_array().is_some_and(|a| !a.is_empty()) {
+            got = v4;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(got["data"][0]["payload"], "m5", "{got}");
+    assert_eq!(got["data"][0]["topic"], "v/b");
+
+    // A binary payload comes back in base64; `latest` gives nothing old.
+    assert!(p.publish_qos1("v/bin", &[0xff, 0x00, 0x01]).await < 0x80);
+    let (_, v5) = api
+        .call(
+            "GET",
+            &format!("/api/v5/stream/viewer/messages?offset={next}&limit=10"),
+            None,
+        )
+        .await;
+    let bin = v5["data"].as_array().unwrap().last().cloned().unwrap();
+    assert_eq!(
+        (bin["payload"].as_str(), bin["payload_encoding"].as_str()),
+        (Some("/wAB"), Some("base64"))
+    );
+    let (_, v6) = api
+        .call("GET", "/api/v5/stream/viewer/messages?offset=latest", None)
+        .await;
+    assert_eq!(v6["data"], json!([]), "{v6}");
+    let (st, v7) = api.call("GET", "/api/v5/stream/none/messages", None).await;
+    assert_error(st, &v7, 404, "NOT_FOUND");
+    let (st, v8) = api
+        .call(
+            "GET",
+            "/api/v5/stream/viewer/messages?offset=yesterday",
+            None,
+        )
+        .await;
+    assert_error(st, &v8, 400, "BAD_REQUEST");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_stream_figures_follow_published_messages_and_subscribers() {
     let (s, api) = admin_server().await;
@@ -557,7 +664,7 @@ async fn unknown_streams_and_paths_are_404_and_wrong_methods_405() {
     for path in [
         "/api/v5/nothing",
         "/api/v4/streams",
-        "/",
+        "/nowhere",
         "/api/v5/stream/a/b",
     ] {
         let (status, v) = api.call("GET", path, None).await;

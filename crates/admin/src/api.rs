@@ -42,6 +42,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v5/stream/{name}"),
     ("PUT", "/api/v5/stream/{name}"),
     ("DELETE", "/api/v5/stream/{name}"),
+    ("GET", "/api/v5/stream/{name}/messages"),
     ("GET", "/api/v5/streams/config"),
     ("PUT", "/api/v5/streams/config"),
     ("GET", "/api/v5/message_streams/streams"),
@@ -49,6 +50,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v5/message_streams/streams/{name}"),
     ("PUT", "/api/v5/message_streams/streams/{name}"),
     ("DELETE", "/api/v5/message_streams/streams/{name}"),
+    ("GET", "/api/v5/message_streams/streams/{name}/messages"),
     ("GET", "/api/v5/message_streams/config"),
     ("PUT", "/api/v5/message_streams/config"),
     ("POST", "/api/v5/authorization/reload"),
@@ -75,6 +77,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/api/v5/mqtt/retainer/messages"),
     ("GET", "/api/v5/mqtt/retainer/message/{topic}"),
     ("DELETE", "/api/v5/mqtt/retainer/message/{topic}"),
+    ("GET", "/api/v5/prometheus/stats"),
+    ("GET", "/metrics"),
 ];
 
 /// What the admin API needs from the broker. The methods are synchronous; the router calls
@@ -160,6 +164,15 @@ pub trait AdminBackend: Send + Sync + 'static {
     fn retained_message(&self, topic: &str) -> Option<(RetainedInfo, Vec<u8>)>;
     /// Remove a retained message (nothing is published); false if there was none.
     fn delete_retained(&self, topic: &str) -> bool;
+    /// The figures of the whole broker for `GET /metrics`.
+    fn metrics(&self) -> crate::metrics::BrokerMetrics;
+    /// Up to `limit` messages of stream `name` from `start` (`GET /stream/{name}/messages`).
+    fn read_stream(
+        &self,
+        name: &str,
+        start: lanemq_streams::subscribe::StartFrom,
+        limit: usize,
+    ) -> Result<crate::stream_messages::StreamPage, StreamError>;
 }
 
 /// Tunables of [`router_with`].
@@ -167,12 +180,16 @@ pub trait AdminBackend: Send + Sync + 'static {
 pub struct RouterOptions {
     /// A request still running after this is answered with 503 `SERVICE_UNAVAILABLE`.
     pub request_timeout: Duration,
+    /// `GET /metrics` and `/api/v5/prometheus/stats` without the token (`[admin]
+    /// metrics_public`).
+    pub metrics_public: bool,
 }
 
 impl Default for RouterOptions {
     fn default() -> Self {
         RouterOptions {
             request_timeout: REQUEST_TIMEOUT,
+            metrics_public: false,
         }
     }
 }
@@ -541,6 +558,12 @@ pub fn router_with(backend: Arc<dyn AdminBackend>, token: String, opts: RouterOp
         .merge(crate::clients::routes())
         .merge(crate::publish::routes())
         .merge(crate::retainer::routes())
+        .merge(crate::stream_messages::routes())
+        .merge(if opts.metrics_public {
+            Router::new()
+        } else {
+            crate::metrics::routes()
+        })
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .with_state(state.clone())
@@ -548,7 +571,12 @@ pub fn router_with(backend: Arc<dyn AdminBackend>, token: String, opts: RouterOp
         .layer(from_fn_with_state(opts.request_timeout, timeout_mw))
         .layer(from_fn_with_state(Arc::<str>::from(token), auth_mw))
         // The health check needs no token (load balancers probe it).
-        .merge(crate::clients::public_routes().with_state(state))
+        .merge(crate::clients::public_routes().with_state(state.clone()))
+        .merge(if opts.metrics_public {
+            crate::metrics::routes().with_state(state)
+        } else {
+            Router::new()
+        })
         .merge(crate::dashboard::router())
         .layer(from_fn(log_mw))
 }

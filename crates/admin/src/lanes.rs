@@ -53,7 +53,7 @@ pub struct LiteMetrics {
 
 impl LiteMetrics {
     /// `(name, help, value)` of every counter, `lanemq_lite_<name>_total`.
-    fn counters(&self) -> [(&'static str, &'static str, u64); 10] {
+    pub(crate) fn counters(&self) -> [(&'static str, &'static str, u64); 10] {
         [
             (
                 "lanes_created",

@@ -2,7 +2,8 @@
 //! stream settings, authorization reload, broker statistics and the lite-topic layer (lite
 //! parents, lanes, groups, metrics: `/api/v5/lite/...`), clients and subscriptions
 //! (`/api/v5/clients`, `/api/v5/subscriptions`, kick) and the health check (`/api/v5/status`,
-//! no token), plus a minimal blocking
+//! no token), Prometheus metrics of the whole broker (`/metrics`, `/api/v5/prometheus/stats`)
+//! and the web dashboard at `/`, plus a minimal blocking
 //! HTTP/1.1 [`client`] used by the `lanemq streams ...` command line and by tests.
 //!
 //! - [`AdminBackend`]: what the API needs from the broker (the registry lives elsewhere);
@@ -17,9 +18,11 @@ pub mod client;
 mod clients;
 mod dashboard;
 mod lanes;
+mod metrics;
 pub mod openapi;
 mod publish;
 mod retainer;
+mod stream_messages;
 mod token;
 
 pub use api::{
@@ -28,6 +31,11 @@ pub use api::{
 };
 pub use clients::{ClientInfo, Kicked, SubscriptionInfo};
 pub use lanes::{LaneDetail, LiteMetrics, METRICS_CONTENT_TYPE};
+pub use metrics::{
+    render as render_metrics, BrokerMetrics, GroupFigures, HistogramFigures, LogFigures,
+    ParentFigures, ProcessFigures, QosFigures, StreamFigures, OPENMETRICS_TEXT, PROMETHEUS_TEXT,
+};
 pub use publish::{ApiPublish, PublishError, Published, BULK_MAX};
 pub use retainer::RetainedInfo;
+pub use stream_messages::{StreamMessageView, StreamPage, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
 pub use token::{load_or_create_token, TOKEN_FILE};

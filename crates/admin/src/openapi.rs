@@ -164,6 +164,41 @@ fn streams_item(alias: bool) -> Value {
     })
 }
 
+fn stream_messages_item(alias: bool) -> Value {
+    let sfx = if alias { "_alias" } else { "" };
+    let mut params = name_param();
+    if let Value::Array(a) = &mut params {
+        a.push(query_param(
+            "offset",
+            "Where to start, as the MQTT `stream-offset` user property: `earliest` (default), \
+             `latest`, a Unix timestamp in microseconds, or `@N` (after position `N`; a page's \
+             `next` value)",
+            json!({ "type": "string" }),
+        ));
+        a.push(query_param(
+            "limit",
+            "Largest number of messages (1-1000, default 100)",
+            json!({ "type": "integer", "minimum": 1, "maximum": 1000 }),
+        ));
+    }
+    json!({
+        "get": op(
+            &format!("readStream{sfx}"),
+            "Read a stream's messages",
+            "Up to `limit` messages of the stream from `offset`, oldest first, and `next`: the \
+             `offset` that continues after them (polling with it follows the stream live). \
+             A UTF-8 payload is returned as text, any other in base64 (`payload_encoding`).",
+            params,
+            None,
+            ("200", ok("A page of messages", schema_ref("StreamMessages"))),
+            &[
+                ("400", err("Invalid `offset` or `limit`", &["BAD_REQUEST"])),
+                ("404", err("No stream of that name", &["NOT_FOUND"])),
+            ],
+        ),
+    })
+}
+
 fn stream_item(alias: bool) -> Value {
     let sfx = if alias { "_alias" } else { "" };
     json!({
@@ -410,6 +445,30 @@ fn lanes_paths(paths: &mut Map<String, Value>) {
     metrics["responses"]["200"]["content"]["text/plain"] =
         json!({ "schema": { "type": "string" } });
     paths.insert("/api/v5/lite/metrics".into(), json!({ "get": metrics }));
+    for (path, id) in [
+        ("/metrics", "getMetrics"),
+        ("/api/v5/prometheus/stats", "getPrometheusStats"),
+    ] {
+        let mut whole = op(
+            id,
+            "Prometheus metrics of the whole broker",
+            "Connections, sessions, messages and bytes per QoS, drops by reason, the log \
+             (appends, fsync latency and group-commit histograms, segments), index lag, \
+             every stream, lite parent and group, and the process (`docs/metrics.md`). \
+             Prometheus text format 0.0.4; OpenMetrics 1.0 when `Accept` lists \
+             `application/openmetrics-text`. Needs the token unless `[admin] \
+             metrics_public = true`.",
+            json!([]),
+            None,
+            ("200", json!({ "description": "Metrics" })),
+            &[],
+        );
+        whole["responses"]["200"]["content"] = json!({
+            "text/plain": { "schema": { "type": "string" } },
+            "application/openmetrics-text": { "schema": { "type": "string" } }
+        });
+        paths.insert(path.into(), json!({ "get": whole }));
+    }
 }
 
 fn lanes_schemas(s: &mut Value) {
@@ -614,6 +673,29 @@ fn schemas() -> Value {
                         }
                     }
                 }
+            }
+        },
+        "StreamMessages": {
+            "type": "object", "required": ["data", "next"],
+            "properties": {
+                "data": { "type": "array", "items": {
+                    "type": "object",
+                    "required": ["offset", "topic", "qos", "ts", "payload", "payload_encoding"],
+                    "properties": {
+                        "offset": { "type": "string", "example": "@42", "description": "the stream position" },
+                        "topic": { "type": "string" },
+                        "qos": { "type": "integer", "minimum": 0, "maximum": 2 },
+                        "retain": { "type": "boolean" },
+                        "ts": { "type": "integer", "description": "arrival, Unix ms" },
+                        "key": { "type": "string", "nullable": true, "description": "last-value key" },
+                        "from_clientid": { "type": "string" },
+                        "payload": { "type": "string" },
+                        "payload_encoding": { "type": "string", "enum": ["utf8", "base64"] },
+                        "properties": { "type": "object", "description": "MQTT 5 message properties" }
+                    }
+                } },
+                "next": { "type": "string", "description": "the `offset` that continues after this page" },
+                "meta": { "type": "object" }
             }
         }
     })
@@ -1014,6 +1096,14 @@ pub fn document() -> Value {
     let mut paths = Map::new();
     paths.insert("/api/v5/streams".into(), streams_item(false));
     paths.insert("/api/v5/stream/{name}".into(), stream_item(false));
+    paths.insert(
+        "/api/v5/stream/{name}/messages".into(),
+        stream_messages_item(false),
+    );
+    paths.insert(
+        "/api/v5/message_streams/streams/{name}/messages".into(),
+        stream_messages_item(true),
+    );
     paths.insert("/api/v5/streams/config".into(), config_item(false));
     paths.insert("/api/v5/message_streams/streams".into(), streams_item(true));
     paths.insert(

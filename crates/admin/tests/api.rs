@@ -319,6 +319,46 @@ impl AdminBackend for Fake {
         topic == "r/1/x"
     }
 
+    fn read_stream(
+        &self,
+        name: &str,
+        start: lanemq_streams::subscribe::StartFrom,
+        limit: usize,
+    ) -> Result<lanemq_admin::StreamPage, StreamError> {
+        use lanemq_streams::subscribe::StartFrom;
+        if name != "events" {
+            return Err(StreamError::NotFound(name.into()));
+        }
+        // Positions 10, 11, 12 hold messages.
+        let first = match start {
+            StartFrom::Earliest => 10,
+            StartFrom::Latest => 13,
+            StartFrom::After(n) => n + 1,
+            StartFrom::TimestampUs(_) => 11,
+        };
+        let messages: Vec<_> = (first.max(10)..13)
+            .take(limit)
+            .map(|o| lanemq_admin::StreamMessageView {
+                offset: o,
+                topic: format!("ev/{o}"),
+                qos: 1,
+                retain: false,
+                ts_us: 1_000_000 * o,
+                key: None,
+                from_clientid: "pub".into(),
+                payload: format!("m{o}").into_bytes(),
+                payload_format_indicator: None,
+                message_expiry_interval: None,
+                content_type: None,
+                response_topic: None,
+                correlation_data: None,
+                user_properties: vec![],
+            })
+            .collect();
+        let next = messages.last().map_or(first.max(10), |m| m.offset + 1);
+        Ok(lanemq_admin::StreamPage { messages, next })
+    }
+
     fn publish(
         &self,
         msg: lanemq_admin::ApiPublish,
@@ -333,6 +373,21 @@ impl AdminBackend for Fake {
     fn lite_metrics(&self) -> LiteMetrics {
         LiteMetrics {
             parents: lock(&self.parents).len() as u64,
+            ..Default::default()
+        }
+    }
+
+    fn metrics(&self) -> lanemq_admin::BrokerMetrics {
+        lanemq_admin::BrokerMetrics {
+            connections: 2,
+            streams: lock(&self.streams)
+                .keys()
+                .map(|name| lanemq_admin::StreamFigures {
+                    name: name.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            lite: self.lite_metrics(),
             ..Default::default()
         }
     }
@@ -827,7 +882,11 @@ fn wrong_method_is_405_json_and_unknown_path_is_404_json() {
     );
     let msg = assert_error(s.call("GET", "/api/v5/nowhere", None), 404, "NOT_FOUND");
     assert!(msg.contains("no endpoint"), "{msg}");
-    assert_error(s.call("GET", "/", None), 404, "NOT_FOUND");
+    assert_error(s.call("GET", "/nowhere", None), 404, "NOT_FOUND");
+    // `/` is the dashboard's page (no token needed), not an API 404.
+    let (status, page) = request(&s.addr, TOKEN, "GET", "/", None).expect("request");
+    assert_eq!(status, 200);
+    assert!(page.starts_with("<!doctype html>"), "{page}");
     let auth = format!("Bearer {TOKEN}");
     let r = request_with_headers(
         &s.addr,
@@ -886,6 +945,16 @@ fn openapi_json_lists_every_route_and_only_those() {
             // Plain text, no token.
             for m in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
                 let r = request_with_headers(&s.addr, m, path, &[], None).expect("status");
+                assert_eq!(r.status, if m == "GET" { 200 } else { 405 }, "{m} {path}");
+            }
+            continue;
+        }
+        if *path == "/metrics" || *path == "/api/v5/prometheus/stats" {
+            // Prometheus text, with the token.
+            let auth = format!("Bearer {TOKEN}");
+            for m in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
+                let r = request_with_headers(&s.addr, m, path, &[("Authorization", &auth)], None)
+                    .expect("metrics");
                 assert_eq!(r.status, if m == "GET" { 200 } else { 405 }, "{m} {path}");
             }
             continue;
@@ -1036,6 +1105,7 @@ fn stats_returns_the_backend_json() {
 fn slow_request_times_out_with_503() {
     let s = Server::start_with(RouterOptions {
         request_timeout: Duration::from_millis(200),
+        ..Default::default()
     });
     assert_error(
         s.call("GET", "/api/v5/stream/slow", None),
@@ -1178,6 +1248,65 @@ fn status_needs_no_token_and_the_rest_does() {
 }
 
 #[test]
+fn metrics_need_the_token_unless_public_and_speak_both_formats() {
+    let s = Server::start();
+    s.create("temps", "t/#");
+    for path in ["/metrics", "/api/v5/prometheus/stats"] {
+        let r = request_with_headers(&s.addr, "GET", path, &[], None).expect("no token");
+        assert_eq!(r.status, 401, "{path}");
+        let auth = format!("Bearer {TOKEN}");
+        let r = request_with_headers(&s.addr, "GET", path, &[("Authorization", &auth)], None)
+            .expect("metrics");
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        assert_eq!(
+            r.header("content-type"),
+            Some(lanemq_admin::PROMETHEUS_TEXT),
+            "{path}"
+        );
+        assert!(
+            r.body.lines().any(|l| l == "lanemq_connections 2"),
+            "{}",
+            r.body
+        );
+        assert!(
+            r.body.contains("lanemq_stream_records{stream=\"temps\"} 0"),
+            "{}",
+            r.body
+        );
+        assert!(r
+            .body
+            .contains("# TYPE process_resident_memory_bytes gauge"));
+        let r = request_with_headers(
+            &s.addr,
+            "GET",
+            path,
+            &[
+                ("Authorization", &auth),
+                (
+                    "Accept",
+                    "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+                ),
+            ],
+            None,
+        )
+        .expect("openmetrics");
+        assert_eq!(
+            r.header("content-type"),
+            Some(lanemq_admin::OPENMETRICS_TEXT)
+        );
+        assert!(r.body.ends_with("# EOF\n"), "{}", r.body);
+    }
+    let public = Server::start_with(RouterOptions {
+        metrics_public: true,
+        ..Default::default()
+    });
+    let r = request_with_headers(&public.addr, "GET", "/metrics", &[], None).expect("public");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = request_with_headers(&public.addr, "GET", "/api/v5/stats", &[], None).expect("stats");
+    assert_eq!(r.status, 401, "only the metrics are public");
+}
+
+#[test]
 fn publish_and_bulk_check_the_body() {
     let s = Server::start();
     let (st, v) = s.call(
@@ -1275,6 +1404,52 @@ fn retainer_lists_shows_and_deletes() {
     );
     assert_error(
         s.call("DELETE", "/api/v5/mqtt/retainer/message/none", None),
+        404,
+        "NOT_FOUND",
+    );
+}
+
+#[test]
+fn stream_messages_page_and_continue_from_next() {
+    let s = Server::start();
+    let (st, v) = s.call("GET", "/api/v5/stream/events/messages?limit=2", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["data"][0]["offset"], "@10", "earliest is the default");
+    assert_eq!(v["data"][1]["payload"], "m11");
+    assert_eq!(v["next"], "@11");
+    let (_, v) = s.call("GET", "/api/v5/stream/events/messages?offset=%4011", None);
+    assert_eq!(v["meta"]["count"], 1, "{v}");
+    assert_eq!(v["data"][0]["topic"], "ev/12");
+    assert_eq!(v["next"], "@12");
+    let (_, v) = s.call("GET", "/api/v5/stream/events/messages?offset=@12", None);
+    assert_eq!(v["meta"]["count"], 0, "{v}");
+    assert_eq!(v["next"], "@12", "nothing new: the same offset again");
+    let (st, v) = s.call(
+        "GET",
+        "/api/v5/message_streams/streams/events/messages?offset=latest",
+        None,
+    );
+    assert_eq!((st, &v["meta"]["count"]), (200, &json!(0)), "{v}");
+    for bad in [
+        "offset=soon",
+        "offset=@x",
+        "limit=0",
+        "limit=1001",
+        "other=1",
+    ] {
+        let msg = assert_error(
+            s.call(
+                "GET",
+                &format!("/api/v5/stream/events/messages?{bad}"),
+                None,
+            ),
+            400,
+            "BAD_REQUEST",
+        );
+        assert!(!msg.is_empty(), "{bad}");
+    }
+    assert_error(
+        s.call("GET", "/api/v5/stream/nope/messages", None),
         404,
         "NOT_FOUND",
     );

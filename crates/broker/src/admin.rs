@@ -4,8 +4,13 @@
 
 use crate::broker::Broker;
 use crate::config::Config;
-use lanemq_admin::{AdminBackend, ClientInfo, Kicked, LaneDetail, LiteMetrics, SubscriptionInfo};
+use lanemq_admin::{
+    AdminBackend, ClientInfo, Kicked, LaneDetail, LiteMetrics, StreamMessageView, StreamPage,
+    SubscriptionInfo,
+};
 use lanemq_lite::{LaneInfo, LiteError, ParentDef, ParentInfo};
+use lanemq_streams::engine::StreamReader;
+use lanemq_streams::subscribe::StartFrom;
 use lanemq_streams::{GlobalSettings, StreamDef, StreamError, StreamInfo};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -240,6 +245,53 @@ impl AdminBackend for BrokerAdmin {
         !self.broker.is_shutting_down()
     }
 
+    fn read_stream(
+        &self,
+        name: &str,
+        start: StartFrom,
+        limit: usize,
+    ) -> Result<StreamPage, StreamError> {
+        let engine = &self.broker.streams;
+        if !engine.is_enabled() {
+            return Err(StreamError::Disabled);
+        }
+        let h = engine
+            .lookup(name)
+            .ok_or_else(|| StreamError::NotFound(name.to_string()))?;
+        let from = engine
+            .start_position(&h, start)
+            .map_err(|e| StreamError::Storage(e.to_string()))?;
+        let mut reader = StreamReader::for_start(from, start);
+        let read = engine.read(&h, &mut reader, limit)?;
+        let messages = read
+            .into_iter()
+            .map(|m| {
+                let r = m.record;
+                let p = r.properties;
+                StreamMessageView {
+                    offset: m.offset,
+                    topic: r.topic,
+                    qos: r.qos,
+                    retain: r.retain,
+                    ts_us: r.timestamp_us,
+                    key: m.key,
+                    from_clientid: r.client_id,
+                    payload: r.payload.to_vec(),
+                    payload_format_indicator: p.payload_format_indicator,
+                    message_expiry_interval: p.message_expiry_interval,
+                    content_type: p.content_type,
+                    response_topic: p.response_topic,
+                    correlation_data: p.correlation_data.map(|b| b.to_vec()),
+                    user_properties: p.user_properties,
+                }
+            })
+            .collect();
+        Ok(StreamPage {
+            messages,
+            next: reader.next,
+        })
+    }
+
     fn stats(&self) -> Value {
         let b = &self.broker;
         let st = &b.stats;
@@ -369,6 +421,172 @@ impl AdminBackend for BrokerAdmin {
         Ok(rows.map(|r| (r, more)))
     }
 
+    fn metrics(&self) -> lanemq_admin::BrokerMetrics {
+        use lanemq_admin::{
+            BrokerMetrics, GroupFigures, HistogramFigures, LogFigures, ParentFigures, QosFigures,
+            StreamFigures,
+        };
+        let b = &self.broker;
+        let st = &b.stats;
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let qos = |m: &[std::sync::atomic::AtomicU64; 3],
+                   by: &[std::sync::atomic::AtomicU64; 3]| {
+            let f = |i: usize| QosFigures {
+                messages: n(&m[i]),
+                payload_bytes: n(&by[i]),
+            };
+            [f(0), f(1), f(2)]
+        };
+        // Sessions: one short lock each (no lock is held across sessions).
+        let sessions: Vec<Arc<crate::session::Session>> =
+            b.sessions_lock().values().cloned().collect();
+        let (mut online, mut subscriptions, mut inflight, mut queued) = (0u64, 0u64, 0u64, 0u64);
+        for s in &sessions {
+            let g = s.lock();
+            online += u64::from(g.connected);
+            subscriptions += (g.subscriptions.len() + g.stream_subs.len()) as u64;
+            inflight += g.inflight.len() as u64;
+            queued += (g.queue.len() + g.spilled.len()) as u64;
+        }
+        let refused = st
+            .connects_refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(code, count)| {
+                let name = lanemq_protocol::reason::name(*code)
+                    .to_ascii_lowercase()
+                    .replace([' ', '-'], "_");
+                (name, *count)
+            })
+            .collect();
+        let q = &b.queue_budget;
+        let store = &b.persist.store;
+        let ls = store.stats();
+        let hist = |h: lanemq_store::HistogramSnapshot| HistogramFigures {
+            buckets: h.buckets,
+            sum: h.sum,
+            count: h.count,
+        };
+        let log = LogFigures {
+            appended_records: n(&ls.appended_records),
+            appended_bytes: n(&ls.appended_bytes),
+            batches: n(&ls.batches),
+            fsyncs: n(&ls.fsyncs),
+            segments: store.segment_count() as u64,
+            segment_bytes: store.size_bytes(),
+            first_offset: store.first_offset(),
+            next_offset: store.next_offset(),
+            committed_offset: store.committed_offset(),
+            queued_records: store.queued_records() as u64,
+            fsync_seconds: hist(ls.fsync_seconds.snapshot()),
+            batch_records: hist(ls.batch_records.snapshot()),
+        };
+        let now_us = lanemq_store::now_us();
+        let mut streams = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (page, more) = b.streams.list(after.as_deref(), 1000);
+            after = page.last().map(|s| s.def.name.clone());
+            streams.extend(page.into_iter().map(|s| {
+                StreamFigures {
+                    records: s.stats.message_count,
+                    bytes: s.stats.message_bytes,
+                    readers: s.stats.subscribers,
+                    oldest_age_seconds: s
+                        .stats
+                        .oldest_timestamp_us
+                        .map(|t| now_us.saturating_sub(t) as f64 / 1e6),
+                    name: s.def.name,
+                }
+            }));
+            if !more || after.is_none() {
+                break;
+            }
+        }
+        let engine = &b.lite.engine;
+        let parents_info = engine.list_parents();
+        let ids: Vec<(u32, String)> = parents_info
+            .iter()
+            .filter_map(|p| {
+                engine
+                    .parent(&p.def.name)
+                    .map(|x| (x.id, p.def.name.clone()))
+            })
+            .collect();
+        let figures = self
+            .query(move |d| {
+                let ready = d.ready_lanes();
+                ids.into_iter()
+                    .map(|(id, name)| {
+                        (
+                            name,
+                            ready.get(&id).copied().unwrap_or(0),
+                            d.group_figures(id),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        let mut parents = Vec::new();
+        let mut groups = Vec::new();
+        for (name, ready, gs) in figures {
+            let lanes = parents_info
+                .iter()
+                .find(|p| p.def.name == name)
+                .map_or(0, |p| p.lanes);
+            parents.push(ParentFigures {
+                name: name.clone(),
+                lanes,
+                ready_lanes: ready,
+            });
+            groups.extend(gs.into_iter().map(|g| GroupFigures {
+                parent: name.clone(),
+                group: g.group,
+                members_online: g.members_online,
+                inflight: g.inflight,
+                lanes_behind: g.lanes_behind,
+                lag_messages: g.lag,
+                dead_letters: g.dead_letters,
+            }));
+        }
+        let total = sessions.len() as u64;
+        BrokerMetrics {
+            uptime_seconds: b.started.elapsed().as_secs(),
+            connections: st.clients_connected.load(Ordering::Relaxed) as u64,
+            connections_accepted: n(&st.connections_accepted),
+            connects_refused: refused,
+            auth_failures: n(&st.auth_failures),
+            sessions_online: online,
+            sessions_offline: total.saturating_sub(online),
+            subscriptions,
+            received: qos(&st.received_qos, &st.received_payload_bytes_qos),
+            sent: qos(&st.sent_qos, &st.sent_payload_bytes_qos),
+            network_received_bytes: n(&st.bytes_received),
+            network_sent_bytes: n(&st.bytes_sent),
+            dropped: vec![
+                ("queue_full".into(), n(&q.dropped_queue_full)),
+                ("queue_full_qos0".into(), n(&q.dropped_qos0)),
+                ("packet_too_large".into(), n(&st.dropped_too_large)),
+                ("expired".into(), n(&st.dropped_expired)),
+            ],
+            no_subscribers: n(&st.no_subscribers),
+            retained: b.retained_count() as u64,
+            inflight,
+            queued_messages: queued,
+            queued_bytes: q.used() as u64,
+            queued_bytes_limit: q.max() as u64,
+            spilled: n(&q.spilled),
+            slow_consumers_disconnected: n(&q.slow_consumers_disconnected),
+            log,
+            indexed_offsets: vec![("streams".into(), b.streams.indexed_offset())],
+            streams,
+            lite: self.lite_metrics(),
+            parents,
+            groups,
+        }
+    }
+
     fn lite_metrics(&self) -> LiteMetrics {
         let engine = &self.broker.lite.engine;
         let c = &engine.counters;
@@ -480,7 +698,11 @@ pub fn spawn(broker: Arc<Broker>, prepared: Prepared) -> JoinHandle<()> {
         addr,
         token,
     } = prepared;
-    let router = lanemq_admin::router(Arc::new(BrokerAdmin::new(broker.clone())), token);
+    let opts = lanemq_admin::RouterOptions {
+        metrics_public: broker.config.admin.metrics_public,
+        ..Default::default()
+    };
+    let router = lanemq_admin::router_with(Arc::new(BrokerAdmin::new(broker.clone())), token, opts);
     let mut shutdown = broker.shutdown_signal();
     info!(%addr, "admin API listening");
     tokio::spawn(async move {

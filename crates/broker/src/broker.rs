@@ -28,6 +28,35 @@ pub struct Stats {
     pub auth_failures: AtomicU64,
     /// Subscriptions removed because a reloaded ACL (or the ACL at a reconnect) denies them.
     pub subscriptions_revoked: AtomicU64,
+    /// Connections that completed the handshake (CONNACK 0x00) since start.
+    pub connections_accepted: AtomicU64,
+    /// CONNECTs refused, by CONNACK reason code (refusals are rare: a lock is fine).
+    pub connects_refused: Mutex<std::collections::BTreeMap<u8, u64>>,
+    /// Client PUBLISHes received, by QoS.
+    pub received_qos: [AtomicU64; 3],
+    /// Payload bytes of those PUBLISHes, by QoS.
+    pub received_payload_bytes_qos: [AtomicU64; 3],
+    /// PUBLISH packets sent to clients, by QoS (of the delivery).
+    pub sent_qos: [AtomicU64; 3],
+    /// Payload bytes of those PUBLISHes, by QoS.
+    pub sent_payload_bytes_qos: [AtomicU64; 3],
+    /// Deliveries discarded because the packet exceeded the client's Maximum Packet Size.
+    pub dropped_too_large: AtomicU64,
+    /// Queued deliveries discarded because their message expired before they were sent.
+    pub dropped_expired: AtomicU64,
+    /// Accepted PUBLISHes that matched no subscription (they stay in the log).
+    pub no_subscribers: AtomicU64,
+}
+
+impl Stats {
+    /// Counts one CONNECT refused with CONNACK `code`.
+    pub fn refused(&self, code: u8) {
+        let mut m = self
+            .connects_refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *m.entry(code).or_default() += 1;
+    }
 }
 
 pub struct Broker {
@@ -635,7 +664,19 @@ impl Broker {
     /// Deliver a client's message that is in the log (or needs none): counts it as received.
     pub fn ingest(&self, msg: Arc<Message>) -> Ingested {
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
-        self.deliver(msg)
+        let q = msg.qos.as_u8() as usize;
+        if let (Some(n), Some(b)) = (
+            self.stats.received_qos.get(q),
+            self.stats.received_payload_bytes_qos.get(q),
+        ) {
+            n.fetch_add(1, Ordering::Relaxed);
+            b.fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
+        }
+        let ingested = self.deliver(msg);
+        if !ingested.matched {
+            self.stats.no_subscribers.fetch_add(1, Ordering::Relaxed);
+        }
+        ingested
     }
 
     /// Apply a stored (or unstored, `$SYS`) message: update the retained table, route it to

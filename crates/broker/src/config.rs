@@ -71,6 +71,9 @@ pub struct AdminConfig {
     /// Bearer token. Unset: a random token is generated at first start and kept in
     /// `<data_dir>/admin.token` (mode 0600).
     pub token: Option<String>,
+    /// Serve `GET /metrics` and `/api/v5/prometheus/stats` without the token (for a
+    /// Prometheus that cannot send one; the figures name streams, parents and groups).
+    pub metrics_public: bool,
 }
 
 impl Default for AdminConfig {
@@ -79,6 +82,7 @@ impl Default for AdminConfig {
             enable: true,
             bind: SocketAddr::from(([127, 0, 0, 1], 18083)),
             token: None,
+            metrics_public: false,
         }
     }
 }

@@ -440,6 +440,7 @@ impl Conn {
         }
         if let Some(code) = reject {
             debug!(reason = rc::name(code), "CONNECT refused");
+            broker.stats.refused(code);
             let out = refuse(code);
             let _ = tokio::time::timeout(
                 Duration::from_millis(FLUSH_TIMEOUT_MS),
@@ -692,6 +693,10 @@ impl Conn {
             .stats
             .clients_connected
             .fetch_add(1, Ordering::Relaxed);
+        broker
+            .stats
+            .connections_accepted
+            .fetch_add(1, Ordering::Relaxed);
         debug!(resumed, keep_alive_s, "client connected");
         Ok(Some(conn))
     }
@@ -843,6 +848,9 @@ impl Conn {
         let now = Instant::now();
         let mut sent = 0u64;
         let mut dropped = 0u64;
+        let mut expired = 0u64;
+        let mut sent_qos = [0u64; 3];
+        let mut sent_bytes_qos = [0u64; 3];
         while self.wbuf.len() < WRITE_HIGH_WATER_BYTES {
             let Some(front) = st.queue.front() else { break };
             if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.send_window {
@@ -850,6 +858,7 @@ impl Conn {
             }
             let Some(d) = st.pop_queue() else { break };
             if d.msg.is_expired(now) {
+                expired += 1;
                 self.forget_delivery(d.seq, None);
                 if let Some(t) = &d.stream {
                     t.done();
@@ -905,6 +914,11 @@ impl Conn {
             }
             encode(&packet, self.version, &mut self.wbuf);
             sent += 1;
+            let q = d.qos.as_u8() as usize & 3;
+            if let (Some(n), Some(b)) = (sent_qos.get_mut(q), sent_bytes_qos.get_mut(q)) {
+                *n += 1;
+                *b += d.msg.payload.len() as u64;
+            }
             if let (Some(t), QoS::AtMostOnce) = (&d.stream, d.qos) {
                 t.done();
             }
@@ -934,6 +948,18 @@ impl Conn {
         }
         if dropped > 0 {
             stats.messages_dropped.fetch_add(dropped, Ordering::Relaxed);
+            stats
+                .dropped_too_large
+                .fetch_add(dropped, Ordering::Relaxed);
+        }
+        if expired > 0 {
+            stats.dropped_expired.fetch_add(expired, Ordering::Relaxed);
+        }
+        for q in 0..3 {
+            if sent_qos[q] > 0 {
+                stats.sent_qos[q].fetch_add(sent_qos[q], Ordering::Relaxed);
+                stats.sent_payload_bytes_qos[q].fetch_add(sent_bytes_qos[q], Ordering::Relaxed);
+            }
         }
         None
     }

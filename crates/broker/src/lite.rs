@@ -230,6 +230,7 @@ impl Lite {
             dirty: Vec::new(),
             recent: HashMap::new(),
             unflushed: false,
+            dead_letters: HashMap::new(),
         };
         let h = std::thread::Builder::new()
             .name("lite-dispatch".into())
@@ -426,6 +427,20 @@ pub struct GroupLane {
     pub holder: Option<String>,
 }
 
+/// A group's figures for metrics ([`Dispatcher::group_figures`]).
+#[derive(Debug, Clone, Default)]
+pub struct GroupFigures {
+    pub group: String,
+    pub members_online: u64,
+    pub inflight: u64,
+    /// Lanes with messages the group has not committed (as stored).
+    pub lanes_behind: u64,
+    /// Messages the group has not committed on those lanes.
+    pub lag: u64,
+    /// Messages dead-lettered since start.
+    pub dead_letters: u64,
+}
+
 /// A group, for the REST API.
 #[derive(Debug, Clone, Serialize)]
 pub struct GroupInfo {
@@ -461,6 +476,8 @@ pub struct Dispatcher {
     /// instead of from sled.
     recent: HashMap<u64, VecDeque<(u64, u64, u64)>>,
     unflushed: bool,
+    /// Messages dead-lettered since start, by (parent, group) (`$private` for replays).
+    dead_letters: HashMap<(u32, Arc<str>), u64>,
 }
 
 impl Dispatcher {
@@ -1128,6 +1145,12 @@ impl Dispatcher {
             .dead_lettered
             .fetch_add(1, Ordering::Relaxed);
         let group_name = if private { "$private" } else { group };
+        if let Some((parent, ..)) = self.engine.lane(tag.lane) {
+            *self
+                .dead_letters
+                .entry((parent, Arc::from(group_name)))
+                .or_default() += 1;
+        }
         let topic = format!("$dlq/{group_name}/{}", rec.topic);
         let orig = Message::from_record(&rec);
         let mut props = orig.properties.clone();
@@ -1564,6 +1587,66 @@ impl Dispatcher {
         }
         v.sort_by(|a, b| a.group.cmp(&b.group));
         v
+    }
+
+    /// Per parent: the lanes some live group can take now (its ready or blocked set).
+    pub fn ready_lanes(&self) -> HashMap<u32, u64> {
+        let mut sets: HashMap<u32, HashSet<u64>> = HashMap::new();
+        for g in self.groups.values() {
+            let set = sets.entry(g.parent).or_default();
+            set.extend(g.ready.iter().copied());
+            set.extend(g.blocked.iter().copied());
+        }
+        sets.into_iter().map(|(p, s)| (p, s.len() as u64)).collect()
+    }
+
+    /// The figures of every named group of `parent` (live or stored) for metrics: one pass
+    /// over the parent's lanes per group ([`Engine::group_backlog`]).
+    pub fn group_figures(&self, parent: u32) -> Vec<GroupFigures> {
+        let mut out: Vec<GroupFigures> = Vec::new();
+        for info in self.groups_of(parent) {
+            let live = self
+                .by_name
+                .get(&(parent, Arc::from(info.group.as_str())))
+                .and_then(|id| self.groups.get(id));
+            let start = live.map(|g| g.start).or_else(|| {
+                self.engine
+                    .group_meta(parent, &info.group)
+                    .ok()
+                    .flatten()
+                    .map(|v| Start::decode(&v))
+            });
+            let (default, since) = match start {
+                Some(Start::Offset(n)) => (n, None),
+                Some(Start::Latest(pos)) => (0, Some(pos)),
+                _ => (0, None),
+            };
+            let (lanes_behind, lag) = self
+                .engine
+                .group_backlog(parent, &info.group, default, since)
+                .unwrap_or((0, 0));
+            let dead_letters = self
+                .dead_letters
+                .get(&(parent, Arc::from(info.group.as_str())))
+                .copied()
+                .unwrap_or(0);
+            out.push(GroupFigures {
+                members_online: info.online_members as u64,
+                inflight: info.inflight as u64,
+                lanes_behind,
+                lag,
+                dead_letters,
+                group: info.group,
+            });
+        }
+        if let Some(n) = self.dead_letters.get(&(parent, Arc::from("$private"))) {
+            out.push(GroupFigures {
+                group: "$private".into(),
+                dead_letters: *n,
+                ..Default::default()
+            });
+        }
+        out
     }
 
     /// The figures of `group` on the lane `lane` (id, key, next offset).

@@ -1108,6 +1108,43 @@ impl Engine {
         Ok(out)
     }
 
+    /// `(lanes, messages)` that `group` has not committed on the lanes of `parent`, in one
+    /// pass under the locks (for metrics): a lane without a stored offset counts from
+    /// `default`; with `since`, such lanes whose newest entry is older are left out and the
+    /// rest count from `default` (an upper bound: the entries before `since` are counted).
+    pub fn group_backlog(
+        &self,
+        parent: u32,
+        group: &str,
+        default: u64,
+        since: Option<u64>,
+    ) -> Result<(u64, u64), LiteError> {
+        let idx = self.lock_idx();
+        let first_new = match since {
+            Some(pos) => Some(idx.entries.seek_pos(pos)?),
+            None => None,
+        };
+        let t = self.lock();
+        let c = self.lock_commits();
+        let gid = c.ids.get(group).copied();
+        let (mut lanes, mut messages) = (0u64, 0u64);
+        for id in t.lanes.ids_of(parent) {
+            let Some(l) = t.lanes.get(id) else { continue };
+            let stored = gid.and_then(|g| c.map.get(&(id, g)).copied());
+            if stored.is_none()
+                && first_new.is_some_and(|e| l.last_entry == NONE || l.last_entry < e)
+            {
+                continue;
+            }
+            let committed = stored.unwrap_or(default);
+            if l.next > committed {
+                lanes += 1;
+                messages += l.next - committed;
+            }
+        }
+        Ok((lanes, messages))
+    }
+
     /// Lanes of `parent` (all, or one by key) that hold messages: `(lane id, next offset)`.
     pub fn lanes_of(&self, parent: u32, sel: &LaneSel) -> Vec<(u64, u64)> {
         let t = self.lock();

@@ -27,6 +27,7 @@ mod index;
 mod log;
 pub mod record;
 mod segment;
+pub mod stats;
 mod verify;
 
 pub use error::{StoreError, TryAppendError};
@@ -38,6 +39,7 @@ pub use log::{
 };
 pub use record::{IndexHint, Properties, Record, RecordIn};
 pub use segment::{idx_file_name, segment_file_name, SEGMENT_HEADER_LEN};
+pub use stats::{HistogramSnapshot, LogStats};
 pub use verify::{
     dump, dump_with, format_timestamp_us, verify, verify_with, walk_records, Problem,
     SegmentSummary, VerifyReport, Walked,

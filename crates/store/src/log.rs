@@ -44,6 +44,7 @@ use crate::error::{StoreError, TryAppendError};
 use crate::fs::{Fs, LogFile, StdFs};
 use crate::record::{self, IndexHint, PartialRecord, Record, RecordIn};
 use crate::segment::{self, Cursor, HeaderState, SegState, Segment, SEGMENT_HEADER_LEN};
+use crate::stats::LogStats;
 
 /// Completion of an append: `Ok(offset)` once the record meets the fsync policy, or the
 /// error that prevented it. Runs on the storage thread; must not block.
@@ -237,6 +238,7 @@ struct Shared {
     /// Exclusive end of the records that met the fsync policy (readable).
     committed: AtomicU64,
     retention: Mutex<()>,
+    stats: LogStats,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -369,6 +371,7 @@ impl Store {
             segments: RwLock::new(segments),
             committed: AtomicU64::new(next),
             retention: Mutex::new(()),
+            stats: LogStats::default(),
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -698,6 +701,11 @@ impl Store {
         self.shared().segments().iter().map(|s| s.bounds().1).sum()
     }
 
+    /// What the storage thread did since open: appends, batches, fsyncs and their latency.
+    pub fn stats(&self) -> &LogStats {
+        &self.shared().stats
+    }
+
     /// Number of segment files.
     pub fn segment_count(&self) -> usize {
         self.shared().segments().len()
@@ -1000,10 +1008,12 @@ impl Writer {
     }
 
     fn sync_tail(&mut self) -> Result<(), StoreError> {
+        let t0 = Instant::now();
         self.tail
             .file
             .sync_data()
             .map_err(|e| StoreError::io("fsync", &self.tail.path, e))?;
+        self.shared.stats.fsynced(t0.elapsed());
         self.dirty = false;
         self.last_sync = Instant::now();
         Ok(())
@@ -1084,6 +1094,10 @@ impl Writer {
             }
         }
         self.buf.clear();
+        if !records.is_empty() {
+            let bytes: usize = records.iter().map(|r| r.2.len()).sum();
+            self.shared.stats.batch(records.len() as u64, bytes as u64);
+        }
         for (offset, ts, bytes) in records {
             let len = bytes.len() as u64;
             let used = self.write_pos + self.buf.len() as u64;
@@ -1158,6 +1172,10 @@ impl Writer {
     /// Seals the tail (fsync, `.idx`) and starts the next segment.
     fn roll(&mut self) -> Result<(), StoreError> {
         self.sync_tail()?;
+        self.shared
+            .stats
+            .segments_rolled
+            .fetch_add(1, Ordering::Relaxed);
         self.publish();
         let st = self.tail.state();
         let dir = &self.shared.log_dir;

@@ -19,6 +19,7 @@
   const $ = (id) => document.getElementById(id);
   let token = null;
   let tab = 'overview';
+  let tabGeneration = 0; // one refresh loop per shown tab
   const timers = { overview: null, tab: null, viewer: null };
 
   // ---------------------------------------------------------------- helpers
@@ -146,7 +147,7 @@
       clearTimeout(timers[k]);
       timers[k] = null;
     }
-    viewer.running = false;
+    viewer.stop();
   }
 
   function logout(message) {
@@ -158,6 +159,8 @@
     $('tabs').hidden = true;
     $('logout').hidden = true;
     $('broker-version').textContent = '';
+    tabGeneration++;
+    overview.reset();
     $('login').hidden = false;
     $('login-error').textContent = message || '';
     $('token').value = '';
@@ -205,20 +208,21 @@
     if (location.hash !== '#' + name) history.replaceState(null, '', '#' + name);
     clearTimeout(timers.tab);
     timers.tab = null;
-    if (name === 'overview') overview.ensureCharts();
-    else refreshTab();
+    const gen = ++tabGeneration;
+    if (name === 'overview') {
+      overview.ensureCharts();
+      overview.resize();
+    } else {
+      refreshTab(gen);
+    }
   }
 
-  async function refreshTab() {
-    clearTimeout(timers.tab);
-    const which = tab;
-    if (!token) return;
-    if (which === 'clients') await clients.refresh();
-    else if (which === 'streams') await streams.refresh();
-    else if (which === 'lanes') await lanes.refresh();
-    if (token && tab === which && which !== 'overview') {
-      timers.tab = setTimeout(refreshTab, TAB_MS);
-    }
+  async function refreshTab(gen) {
+    if (!token || gen !== tabGeneration) return;
+    if (tab === 'clients') await clients.refresh();
+    else if (tab === 'streams') await streams.refresh();
+    else if (tab === 'lanes') await lanes.refresh();
+    if (token && gen === tabGeneration) timers.tab = setTimeout(() => refreshTab(gen), TAB_MS);
   }
 
   // ---------------------------------------------------------------- overview
@@ -227,6 +231,13 @@
     prev: null,
     charts: null,
     data: { t: [], clients: [], msgIn: [], msgOut: [], bytesIn: [], bytesOut: [], dropped: [], queueDrops: [] },
+
+    /** Forgets the history (logout: the next login may be to another broker). */
+    reset() {
+      this.prev = null;
+      for (const k of Object.keys(this.data)) this.data[k] = [];
+      this.redraw();
+    },
 
     ensureCharts() {
       if (this.charts || typeof uPlot !== 'function') return;
@@ -868,7 +879,7 @@
     $('clients-next').addEventListener('click', () => { clients.page++; clients.refresh(); });
     $('stream-form').addEventListener('submit', (ev) => streams.create(ev));
     $('viewer-form').addEventListener('submit', (ev) => viewer.start(ev));
-    $('v-stop').addEventListener('click', () => viewer.stop(`Stopped at ${viewer.next}.`));
+    $('v-stop').addEventListener('click', () => viewer.stop(`Stopped; next ${viewer.next}.`));
     $('v-from').addEventListener('change', syncFrom);
     window.addEventListener('resize', () => overview.resize());
     window.addEventListener('hashchange', () => { if (token) showTab(tabFromHash()); });
