@@ -19,7 +19,7 @@ use common::*;
 use lanemq_admin::client;
 use lanemq_broker::Config;
 use lanemq_protocol::reason as rc;
-use lanemq_protocol::{Publish, QoS};
+use lanemq_protocol::{Packet, Publish, QoS};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -1866,4 +1866,178 @@ async fn retained_messages_are_listed_shown_and_deleted() {
         .call("DELETE", "/api/v5/mqtt/retainer/message/ret/b/c", None)
         .await;
     assert_error(st, &v, 404, "NOT_FOUND");
+}
+
+/// One scrape of `GET /metrics` as `name{labels}` → value (comment lines left out).
+async fn scrape(api: &Api) -> std::collections::BTreeMap<String, f64> {
+    let auth = format!("Bearer {}", api.token);
+    let r = api
+        .raw("GET", "/metrics", &[("Authorization", &auth)], None)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    r.body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("name value");
+            (k.to_string(), v.parse::<f64>().expect("a number"))
+        })
+        .collect()
+}
+
+fn metric(m: &std::collections::BTreeMap<String, f64>, key: &str) -> f64 {
+    *m.get(key)
+        .unwrap_or_else(|| panic!("{key} not scraped; have {:?}", m.keys().collect::<Vec<_>>()))
+}
+
+/// Prometheus metrics of a real broker follow real traffic: connections accepted and refused
+/// by reason, messages and payload bytes per QoS in and out, messages nobody subscribed to,
+/// log appends and fsyncs, a stream's records and readers, a lite group's lag, inflight and
+/// lanes behind, and the process's memory and open files. Needs the token; the EMQX path
+/// answers the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_connections_messages_streams_and_lanes() {
+    let (s, api) = admin_server().await;
+    let r = api.raw("GET", "/metrics", &[], None).await;
+    assert_eq!(r.status, 401, "the token is needed by default");
+    let (st, v) = api
+        .call(
+            "POST",
+            "/api/v5/lite/parents",
+            Some(json!({ "name": "agents", "pattern": "agents/{lane}/#" })),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    api.create(json!({ "name": "temps", "topic_filter": "temps/#" }))
+        .await;
+    let before = scrape(&api).await;
+
+    // A refused CONNECT: MQTT 3.1.1, empty client id, persistent session (CONNACK 0x02).
+    let mut c = connect_v311("");
+    c.clean_start = false;
+    let (_refused, first) = RawClient::connect(s.addr, c).await;
+    assert!(
+        matches!(first, Ok(Packet::ConnAck(ref a)) if a.reason_code != 0),
+        "{first:?}"
+    );
+    let mut sub = s.v5("m-sub").await;
+    sub.subscribe("temps/#", QoS::AtLeastOnce).await;
+    let mut reader = s.v5("m-reader").await;
+    sub_stream(&mut reader, "$stream/temps", EARLIEST).await;
+    let mut p = s.v5("m-pub").await;
+    for i in 0..3 {
+        p.publish_qos0("temps/a", format!("q0-{i}").as_bytes())
+            .await;
+    }
+    for i in 0..2 {
+        assert_eq!(
+            p.publish_qos1("temps/b", format!("q1-{i}").as_bytes())
+                .await,
+            0
+        );
+    }
+    assert_eq!(p.publish_qos1("nobody/listens", b"x").await, 0x10);
+    for lane in ["a1", "a1", "a2"] {
+        assert_eq!(
+            p.publish_qos1(&format!("agents/{lane}/job"), b"job").await,
+            0,
+            "kept for the lane"
+        );
+    }
+    let got = recv_n(&mut sub, 5).await;
+    assert_eq!(got.len(), 5);
+    // A lane group member that takes the three lane messages and acknowledges none.
+    let mut worker = s.v5("m-worker").await;
+    worker
+        .subscribe("$share/workers/agents/#", QoS::AtLeastOnce)
+        .await;
+    for _ in 0..3 {
+        worker.recv_publish().await;
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = scrape(&api).await;
+        let settled = metric(&m, "lanemq_stream_records{stream=\"temps\"}") == 5.0
+            && metric(
+                &m,
+                "lanemq_lite_group_inflight_messages{parent=\"agents\",group=\"workers\"}",
+            ) == 3.0
+            && metric(&m, "lanemq_messages_sent_total{qos=\"1\"}")
+                - metric(&before, "lanemq_messages_sent_total{qos=\"1\"}")
+                >= 5.0;
+        if settled || Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let delta = |k: &str| metric(&m, k) - metric(&before, k);
+    assert_eq!(metric(&m, "lanemq_connections"), 4.0);
+    assert_eq!(delta("lanemq_connections_accepted_total"), 4.0);
+    assert_eq!(
+        metric(
+            &m,
+            "lanemq_connections_refused_total{reason=\"client_identifier_not_valid\"}"
+        ),
+        1.0
+    );
+    assert_eq!(metric(&m, "lanemq_sessions{state=\"online\"}"), 4.0);
+    assert_eq!(delta("lanemq_messages_received_total{qos=\"0\"}"), 3.0);
+    assert_eq!(delta("lanemq_messages_received_total{qos=\"1\"}"), 6.0);
+    assert_eq!(
+        delta("lanemq_messages_received_payload_bytes_total{qos=\"0\"}"),
+        12.0
+    );
+    assert_eq!(delta("lanemq_messages_no_subscribers_total"), 1.0);
+    // To m-sub and to the stream reader each: 3 at QoS 0 and 2 at QoS 1 (a delivery has
+    // the lower of the two QoS); the 3 lane messages to the worker at QoS 1.
+    assert_eq!(delta("lanemq_messages_sent_total{qos=\"0\"}"), 6.0);
+    assert_eq!(delta("lanemq_messages_sent_total{qos=\"1\"}"), 2.0 + 2.0 + 3.0);
+    assert!(delta("lanemq_log_appended_records_total") >= 9.0);
+    assert!(delta("lanemq_log_fsyncs_total") >= 1.0);
+    assert!(delta("lanemq_log_fsync_duration_seconds_count") >= 1.0);
+    assert!(metric(&m, "lanemq_log_size_bytes") > 0.0);
+    assert_eq!(metric(&m, "lanemq_stream_records{stream=\"temps\"}"), 5.0);
+    assert_eq!(metric(&m, "lanemq_stream_readers{stream=\"temps\"}"), 1.0);
+    assert_eq!(
+        metric(&m, "lanemq_lite_parent_lanes{parent=\"agents\"}"),
+        2.0
+    );
+    let g = "{parent=\"agents\",group=\"workers\"}";
+    assert_eq!(
+        metric(&m, &format!("lanemq_lite_group_inflight_messages{g}")),
+        3.0
+    );
+    assert_eq!(
+        metric(&m, &format!("lanemq_lite_group_members_online{g}")),
+        1.0
+    );
+    // Nothing acknowledged: the group is behind on both lanes by all three messages (the
+    // offsets the metrics read are the stored ones).
+    assert_eq!(
+        metric(&m, &format!("lanemq_lite_group_lag_messages{g}")),
+        3.0
+    );
+    assert_eq!(
+        metric(&m, &format!("lanemq_lite_group_lanes_behind{g}")),
+        2.0
+    );
+    assert!(metric(&m, "process_resident_memory_bytes") > 1e6);
+    assert!(metric(&m, "process_open_fds") >= 5.0);
+
+    let auth = format!("Bearer {TOKEN}");
+    let r = api
+        .raw(
+            "GET",
+            "/api/v5/prometheus/stats",
+            &[("Authorization", &auth)],
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("lanemq_stream_records{stream=\"temps\"} 5"));
 }

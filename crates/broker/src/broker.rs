@@ -49,6 +49,27 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// Counts one client PUBLISH received (before it is delivered).
+    pub fn received(&self, msg: &Message) {
+        self.messages_received.fetch_add(1, Ordering::Relaxed);
+        let q = msg.qos.as_u8() as usize;
+        if let (Some(n), Some(b)) = (
+            self.received_qos.get(q),
+            self.received_payload_bytes_qos.get(q),
+        ) {
+            n.fetch_add(1, Ordering::Relaxed);
+            b.fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a received PUBLISH that matched no subscription (a lane message is kept for
+    /// its groups: not counted).
+    pub fn routed(&self, ingested: &Ingested, in_lane: bool) {
+        if !ingested.matched && !in_lane {
+            self.no_subscribers.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Counts one CONNECT refused with CONNACK `code`.
     pub fn refused(&self, code: u8) {
         let mut m = self
@@ -663,19 +684,10 @@ impl Broker {
 
     /// Deliver a client's message that is in the log (or needs none): counts it as received.
     pub fn ingest(&self, msg: Arc<Message>) -> Ingested {
-        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
-        let q = msg.qos.as_u8() as usize;
-        if let (Some(n), Some(b)) = (
-            self.stats.received_qos.get(q),
-            self.stats.received_payload_bytes_qos.get(q),
-        ) {
-            n.fetch_add(1, Ordering::Relaxed);
-            b.fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
-        }
+        self.stats.received(&msg);
+        let in_lane = msg.in_lane;
         let ingested = self.deliver(msg);
-        if !ingested.matched {
-            self.stats.no_subscribers.fetch_add(1, Ordering::Relaxed);
-        }
+        self.stats.routed(&ingested, in_lane);
         ingested
     }
 

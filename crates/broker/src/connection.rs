@@ -1478,13 +1478,12 @@ impl Conn {
 
     /// Deliver a stored message; returns the PUBACK/PUBREC code.
     fn deliver(&mut self, msg: Arc<Message>, deferred: Option<&mut Vec<Op>>) -> u8 {
-        self.broker
-            .stats
-            .messages_received
-            .fetch_add(1, Ordering::Relaxed);
+        self.broker.stats.received(&msg);
         // 0x10 only tells a publisher nobody got it; a retained message is kept for later.
         let kept = (msg.retain && !msg.payload.is_empty()) || msg.in_lane;
+        let in_lane = msg.in_lane;
         let ingested = self.broker.deliver_with(msg, deferred);
+        self.broker.stats.routed(&ingested, in_lane);
         if ingested.matched || kept || !self.version.is_v5() {
             rc::SUCCESS
         } else {
