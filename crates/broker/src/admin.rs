@@ -297,6 +297,8 @@ impl AdminBackend for BrokerAdmin {
         let st = &b.stats;
         let streams = serde_json::to_value(b.streams.stats()).unwrap_or(Value::Null);
         let q = &b.queue_budget;
+        let store = &b.persist.store;
+        let ls = store.stats();
         json!({
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_s": b.started.elapsed().as_secs(),
@@ -321,6 +323,17 @@ impl AdminBackend for BrokerAdmin {
                 "slow_consumers_disconnected": q.slow_consumers_disconnected.load(Ordering::Relaxed),
             },
             "streams": streams,
+            "log": {
+                "first_offset": store.first_offset(),
+                "next_offset": store.next_offset(),
+                "committed_offset": store.committed_offset(),
+                "queued_records": store.queued_records(),
+                "segments": store.segment_count(),
+                "size_bytes": store.size_bytes(),
+                "appended_records": ls.appended_records.load(Ordering::Relaxed),
+                "fsyncs": ls.fsyncs.load(Ordering::Relaxed),
+                "failed": store.failure().is_some(),
+            },
         })
     }
 
