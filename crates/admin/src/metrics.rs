@@ -264,7 +264,15 @@ fn histogram(
     h: &HistogramFigures,
 ) -> FmtResult {
     let mut m = e.encode_descriptor(name, help, unit, MetricType::Histogram)?;
-    m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(h.sum, h.count, &h.buckets, None)
+    // The OpenMetrics writer prints only the buckets it is given (the 0.0.4 one adds
+    // `+Inf` itself, unless one is there): give it the `+Inf` bucket, with the
+    // observations above the last bound.
+    let mut buckets = h.buckets.clone();
+    if buckets.last().is_none_or(|b| b.0.is_finite()) {
+        let counted: u64 = buckets.iter().map(|b| b.1).sum();
+        buckets.push((f64::INFINITY, h.count.saturating_sub(counted)));
+    }
+    m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(h.sum, h.count, &buckets, None)
 }
 
 const QOS: [&str; 3] = ["0", "1", "2"];
@@ -871,10 +879,21 @@ mod tests {
     }
 
     #[test]
-    fn openmetrics_ends_with_eof() {
+    fn openmetrics_ends_with_eof_and_histograms_end_in_inf() {
         let t = render(sample(), ProcessFigures::default(), true);
         assert!(t.ends_with("# EOF\n"), "{t}");
         assert!(t.contains("lanemq_connections_accepted_total 10"));
+        for text in [t, render(sample(), ProcessFigures::default(), false)] {
+            let inf: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("lanemq_log_fsync_duration_seconds_bucket{le=\"+Inf\"}"))
+                .collect();
+            assert_eq!(
+                inf,
+                ["lanemq_log_fsync_duration_seconds_bucket{le=\"+Inf\"} 5"],
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -335,10 +335,10 @@ fn lanes_paths(paths: &mut Map<String, Value>) {
                 "updateLiteParent",
                 "Update a lite parent",
                 "Replaces the whole definition (omitted fields take their defaults). `name` may \
-                 be omitted and otherwise must equal the path name. `pattern` and \
+                 be omitted (or empty) and otherwise must equal the path name. `pattern` and \
                  `key_levels` cannot change while the parent has lanes (409 CONFLICT).",
                 json!([parent_param()]),
-                Some(schema_ref("LiteParentDef")),
+                Some(schema_ref("LiteParentUpdate")),
                 ("200", ok("The updated parent", schema_ref("LiteParentInfo"))),
                 &[
                     no_parent(),
@@ -489,6 +489,7 @@ fn lanes_schemas(s: &mut Value) {
         "batch": { "type": "integer", "minimum": 1, "maximum": 1024, "default": 32,
                    "description": "messages of one lane in flight to one member at once" },
         "ack_timeout_ms": { "type": "integer", "minimum": 0, "maximum": 86400000, "default": 10000,
+                            "not": { "minimum": 1, "maximum": 49 },
                             "description": "a batch not fully acknowledged this long after it was handed to a member goes to another online member with DUP=1 (one attempt counted) and the holder gets no new batches until it sends a PUBACK or reconnects; 0 (off) or 50 to 86400000" }
     });
     let mut info = def.clone();
@@ -526,11 +527,19 @@ fn lanes_schemas(s: &mut Value) {
     });
     let list_meta = json!({ "type": "object", "properties": {
         "count": { "type": "integer" }, "hasnext": { "type": "boolean", "enum": [false] } } });
+    let mut update = def.clone();
+    update["name"] = json!({ "type": "string", "pattern": "^[A-Za-z0-9_.-]{0,64}$",
+                             "description": "omitted or empty: the name in the path" });
     let add = [
         (
             "LiteParentDef",
             json!({ "type": "object", "additionalProperties": false,
                                   "required": ["name", "pattern"], "properties": def }),
+        ),
+        (
+            "LiteParentUpdate",
+            json!({ "type": "object", "additionalProperties": false,
+                                  "required": ["pattern"], "properties": update }),
         ),
         (
             "LiteParentInfo",
@@ -712,7 +721,7 @@ fn clientid_param() -> Value {
 fn paging_params() -> Vec<Value> {
     vec![
         json!({ "name": "page", "in": "query", "required": false,
-                "description": "Page number, from 1", "schema": { "type": "integer", "minimum": 1, "default": 1 } }),
+                "description": "Page number, from 1", "schema": { "type": "integer", "minimum": 1, "maximum": usize::MAX, "default": 1 } }),
         json!({ "name": "limit", "in": "query", "required": false,
                 "description": "Items per page", "schema": { "type": "integer", "minimum": 1, "maximum": 10000, "default": 100 } }),
     ]
@@ -971,19 +980,20 @@ fn publish_schemas(s: &mut Value) {
         "properties": {
             "topic": { "type": "string" },
             "payload": { "type": "string", "default": "" },
-            "payload_encoding": { "type": "string", "enum": ["plain", "base64"], "default": "plain" },
+            "payload_encoding": { "type": "string", "enum": ["plain", "base64", null], "nullable": true, "default": "plain" },
             "qos": { "type": "integer", "enum": [0, 1, 2], "default": 0 },
             "retain": { "type": "boolean", "default": false },
-            "clientid": { "type": "string", "description": "Accepted and ignored (EMQX compatibility)" },
+            "clientid": { "type": "string", "nullable": true, "description": "Accepted and ignored (EMQX compatibility)" },
             "properties": {
                 "type": "object",
+                "nullable": true,
                 "additionalProperties": false,
                 "properties": {
-                    "payload_format_indicator": { "type": "integer", "enum": [0, 1] },
-                    "message_expiry_interval": { "type": "integer", "minimum": 0 },
-                    "content_type": { "type": "string" },
-                    "response_topic": { "type": "string" },
-                    "correlation_data": { "type": "string" },
+                    "payload_format_indicator": { "type": "integer", "enum": [0, 1, null], "nullable": true },
+                    "message_expiry_interval": { "type": "integer", "minimum": 0, "maximum": u32::MAX, "nullable": true },
+                    "content_type": { "type": "string", "nullable": true },
+                    "response_topic": { "type": "string", "nullable": true },
+                    "correlation_data": { "type": "string", "nullable": true },
                     "user_properties": { "type": "object", "additionalProperties": { "type": "string" } }
                 }
             }

@@ -553,14 +553,37 @@ impl AdminBackend for BrokerAdmin {
                 lanes,
                 ready_lanes: ready,
             });
-            groups.extend(gs.into_iter().map(|g| GroupFigures {
-                parent: name.clone(),
-                group: g.group,
-                members_online: g.members_online,
-                inflight: g.inflight,
-                lanes_behind: g.lanes_behind,
-                lag_messages: g.lag,
-                dead_letters: g.dead_letters,
+            // The backlog is computed here, off the dispatcher's thread (short lock holds).
+            let wanted: Vec<(String, u64, Option<u64>)> = gs
+                .iter()
+                .filter(|g| !g.private)
+                .map(|g| (g.group.clone(), g.default, g.since))
+                .collect();
+            let backlogs = engine
+                .parent(&name)
+                .map(|p| engine.group_backlogs(p.id, &wanted))
+                .transpose()
+                .unwrap_or_else(|e| {
+                    warn!(parent = %name, error = %e, "metrics: group backlog not computed");
+                    None
+                })
+                .unwrap_or_default();
+            let mut backlog = backlogs.into_iter();
+            groups.extend(gs.into_iter().map(|g| {
+                let (lanes_behind, lag_messages) = if g.private {
+                    (0, 0)
+                } else {
+                    backlog.next().unwrap_or((0, 0))
+                };
+                GroupFigures {
+                    parent: name.clone(),
+                    group: g.group,
+                    members_online: g.members_online,
+                    inflight: g.inflight,
+                    lanes_behind,
+                    lag_messages,
+                    dead_letters: g.dead_letters,
+                }
             }));
         }
         let total = sessions.len() as u64;

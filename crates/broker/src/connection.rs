@@ -126,9 +126,11 @@ where
             }
             tokio::select! {
                 n = reader.read_buf(&mut rbuf) => {
-                    if n? == 0 {
+                    let n = n?;
+                    if n == 0 {
                         return Ok(First::Eof);
                     }
+                    broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 _ = shutdown.changed() => {}
             }

@@ -433,12 +433,14 @@ pub struct GroupFigures {
     pub group: String,
     pub members_online: u64,
     pub inflight: u64,
-    /// Lanes with messages the group has not committed (as stored).
-    pub lanes_behind: u64,
-    /// Messages the group has not committed on those lanes.
-    pub lag: u64,
+    /// Where the group starts on a lane it has no stored offset for: that offset, and the
+    /// log position of a `latest` start.
+    pub default: u64,
+    pub since: Option<u64>,
     /// Messages dead-lettered since start.
     pub dead_letters: u64,
+    /// The `$private` row (private replays' dead letters): no backlog.
+    pub private: bool,
 }
 
 /// A group, for the REST API.
@@ -1600,8 +1602,9 @@ impl Dispatcher {
         sets.into_iter().map(|(p, s)| (p, s.len() as u64)).collect()
     }
 
-    /// The figures of every named group of `parent` (live or stored) for metrics: one pass
-    /// over the parent's lanes per group ([`Engine::group_backlog`]).
+    /// The figures of every named group of `parent` (live or stored) for metrics, without
+    /// the backlog: the caller computes it off this thread with
+    /// [`Engine::group_backlogs`] from `default` and `since`.
     pub fn group_figures(&self, parent: u32) -> Vec<GroupFigures> {
         let mut out: Vec<GroupFigures> = Vec::new();
         for info in self.groups_of(parent) {
@@ -1621,10 +1624,6 @@ impl Dispatcher {
                 Some(Start::Latest(pos)) => (0, Some(pos)),
                 _ => (0, None),
             };
-            let (lanes_behind, lag) = self
-                .engine
-                .group_backlog(parent, &info.group, default, since)
-                .unwrap_or((0, 0));
             let dead_letters = self
                 .dead_letters
                 .get(&(parent, Arc::from(info.group.as_str())))
@@ -1633,16 +1632,18 @@ impl Dispatcher {
             out.push(GroupFigures {
                 members_online: info.online_members as u64,
                 inflight: info.inflight as u64,
-                lanes_behind,
-                lag,
+                default,
+                since,
                 dead_letters,
                 group: info.group,
+                private: false,
             });
         }
         if let Some(n) = self.dead_letters.get(&(parent, Arc::from("$private"))) {
             out.push(GroupFigures {
                 group: "$private".into(),
                 dead_letters: *n,
+                private: true,
                 ..Default::default()
             });
         }
