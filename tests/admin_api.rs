@@ -1996,7 +1996,10 @@ async fn metrics_follow_connections_messages_streams_and_lanes() {
     // To m-sub and to the stream reader each: 3 at QoS 0 and 2 at QoS 1 (a delivery has
     // the lower of the two QoS); the 3 lane messages to the worker at QoS 1.
     assert_eq!(delta("lanemq_messages_sent_total{qos=\"0\"}"), 6.0);
-    assert_eq!(delta("lanemq_messages_sent_total{qos=\"1\"}"), 2.0 + 2.0 + 3.0);
+    assert_eq!(
+        delta("lanemq_messages_sent_total{qos=\"1\"}"),
+        2.0 + 2.0 + 3.0
+    );
     assert!(delta("lanemq_log_appended_records_total") >= 9.0);
     assert!(delta("lanemq_log_fsyncs_total") >= 1.0);
     assert!(delta("lanemq_log_fsync_duration_seconds_count") >= 1.0);
