@@ -48,6 +48,12 @@ pub struct Stats {
     pub no_subscribers: AtomicU64,
 }
 
+impl crate::lite::Ingest for Broker {
+    fn ingest_stored(&self, msg: Arc<Message>) {
+        self.ingest(msg);
+    }
+}
+
 impl Stats {
     /// Counts one client PUBLISH received (before it is delivered).
     pub fn received(&self, msg: &Message) {
@@ -1009,8 +1015,9 @@ impl Broker {
     /// Rebuild sessions, subscriptions, queues, inflight state and retained messages from the
     /// index, then replay the log from the index watermark. Blocking; run before listening.
     pub fn restore(self: &Arc<Self>) -> Result<Restored, crate::persist::PersistError> {
-        use crate::persist::{decode_sub, record_pid};
+        use crate::persist::record_pid;
         use crate::session::{Inflight, InflightStage, Subscription};
+        use crate::sub_codec::decode_sub;
         let p = self.persist.clone();
         let mut out = Restored::default();
         let now = crate::message::now_us();
@@ -1175,7 +1182,7 @@ impl Broker {
                 for (filter, s) in p.load_stream_subs(&client)? {
                     st.stream_subs.insert(
                         filter.clone(),
-                        crate::streams::StreamSub::restored(filter, s),
+                        crate::stream_sub::StreamSub::restored(filter, s),
                     );
                 }
             }
@@ -1183,7 +1190,7 @@ impl Broker {
             // was released).
             for (filter, v) in &subs {
                 let (options, sub_id) = decode_sub(v);
-                if crate::persist::is_lane_replay(v) {
+                if crate::sub_codec::is_lane_replay(v) {
                     if let Some((parent, sel)) = self.lite.lane_filter(filter) {
                         // A private one-lane replay: it goes on from its stored position.
                         self.lite
@@ -1292,7 +1299,7 @@ fn will_message(r: &RecordIn) -> Message {
         r.payload.clone(),
         QoS::from_u8(r.qos).unwrap_or(QoS::AtMostOnce),
         r.retain,
-        crate::persist::from_store_properties(&r.properties),
+        crate::message::from_store_properties(&r.properties),
         r.client_id.as_str().into(),
     );
     m.offset = NOT_STORED;

@@ -14,7 +14,7 @@ use crate::message::{Delivery, Message};
 use crate::persist::{Op, SessionMeta};
 use crate::router::Subscriber;
 use crate::session::{Inflight, InflightStage, Kick, Session, Subscription};
-use crate::streams::StreamSub;
+use crate::stream_sub::StreamSub;
 use bytes::BytesMut;
 use lanemq_acl::{Action, Request};
 use lanemq_protocol::reason as rc;
@@ -1727,9 +1727,9 @@ impl Conn {
                     if self.persistent() {
                         // A private replay is stored too, flagged: it is restored with its
                         // session and goes on from its stored position.
-                        let mut value = crate::persist::encode_sub(&options, sub_id);
+                        let mut value = crate::sub_codec::encode_sub(&options, sub_id);
                         if group.is_none() {
-                            value[1] |= crate::persist::SUB_FLAG_LANE_REPLAY;
+                            value[1] |= crate::sub_codec::SUB_FLAG_LANE_REPLAY;
                         }
                         let t = self.broker.persist.submit(Op::SubPut {
                             client: self.client_id.clone(),
@@ -1764,7 +1764,7 @@ impl Conn {
                 let t = self.broker.persist.submit(Op::SubPut {
                     client: self.client_id.clone(),
                     filter: f.filter.clone(),
-                    value: crate::persist::encode_sub(&options, sub_id),
+                    value: crate::sub_codec::encode_sub(&options, sub_id),
                 });
                 sub_ticket = Some(t);
             }
@@ -1848,7 +1848,8 @@ impl Conn {
     fn start_feeder(&mut self, sub: Arc<StreamSub>) {
         let filter = sub.filter.clone();
         let j = crate::streams::spawn_feeder(
-            self.broker.clone(),
+            self.broker.streams.clone(),
+            self.broker.persist.clone(),
             self.session.clone(),
             sub,
             self.generation,
@@ -2066,7 +2067,7 @@ impl Conn {
         let stream_subs: Vec<Arc<StreamSub>> =
             self.session.lock().stream_subs.values().cloned().collect();
         for sub in &stream_subs {
-            crate::streams::save_position(&self.broker, &self.session, sub, true);
+            crate::streams::save_position(&self.broker.persist, &self.session, sub, true);
         }
         // Messages already appended: wait (bounded) until durable, then deliver and ack them,
         // so nothing stored is left unrouted.

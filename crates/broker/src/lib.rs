@@ -5,6 +5,7 @@
 //! every MQTT 5 client, flush, bounded grace period).
 
 pub mod admin;
+pub mod anyhow_lite;
 pub mod broker;
 pub mod config;
 pub mod config_lines;
@@ -19,7 +20,9 @@ pub mod retention;
 pub mod router;
 pub mod session;
 pub mod spill;
+pub mod stream_sub;
 pub mod streams;
+pub mod sub_codec;
 pub mod sys;
 pub mod tls;
 pub mod ws;

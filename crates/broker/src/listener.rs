@@ -1,5 +1,6 @@
 //! Listeners (TCP, TLS, WebSocket) and the server lifecycle.
 
+use crate::anyhow_lite;
 use crate::broker::Broker;
 use crate::config::{Config, ListenerKind};
 use crate::connection::serve_connection;
@@ -136,9 +137,11 @@ impl Server {
         lite.warn_overlaps();
         let lite = Arc::new(crate::lite::Lite::new(lite, &config.lite));
         let broker = Broker::new(config, persist, auth, streams, lite);
+        let weak: std::sync::Weak<Broker> = Arc::downgrade(&broker);
+        let host: std::sync::Weak<dyn crate::lite::Ingest> = weak;
         broker
             .lite
-            .start(Arc::downgrade(&broker))
+            .start(host, broker.persist.store.clone())
             .map_err(|e| anyhow_lite::Error(format!("cannot start the lane dispatcher: {e}")))?;
         let restored = {
             let b = broker.clone();
@@ -326,17 +329,4 @@ impl Acceptor {
             },
         })
     }
-}
-
-/// A tiny error type so the broker library does not pull in anyhow.
-pub mod anyhow_lite {
-    #[derive(Debug)]
-    pub struct Error(pub String);
-    impl std::fmt::Display for Error {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(&self.0)
-        }
-    }
-    impl std::error::Error for Error {}
-    pub type Result<T> = std::result::Result<T, Error>;
 }

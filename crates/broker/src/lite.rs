@@ -22,13 +22,13 @@
 //! other member to take it, the batch stays where it is (nothing is resent to the holder).
 //! Ack deadlines sit in a heap like the pause timers: no scan of the batches.
 
-use crate::broker::Broker;
 use crate::message::{Delivery, Message, NOT_STORED};
 use crate::session::Session;
 use lanemq_lite::engine::Pending;
 use lanemq_lite::journal::RunMark;
 use lanemq_lite::{Engine, LaneSel, Mode};
 use lanemq_protocol::{topic, QoS};
+use lanemq_store::Store;
 use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
@@ -51,15 +51,13 @@ pub const SUSPEND_MIN_MS: u64 = 50;
 /// Ack deadline entries kept before stale ones are compacted away (at least).
 const DEADLINES_MIN_CAP: usize = 4096;
 
-/// A lane delivery's link back to its group, lane, offset and batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneTag {
-    pub group: u64,
-    pub lane: u64,
-    pub offset: u64,
-    pub epoch: u64,
-    /// Sent with DUP=1: taken back from a member that did not acknowledge it in time.
-    pub dup: bool,
+pub use crate::message::LaneTag;
+
+/// What the dispatcher needs of the broker besides the log: to route a stored message (a
+/// dead letter, once durable). The broker implements it; the dispatcher holds it weakly
+/// (it never keeps the broker alive).
+pub trait Ingest: Send + Sync {
+    fn ingest_stored(&self, msg: Arc<Message>);
 }
 
 /// Where a new group starts.
@@ -210,12 +208,13 @@ impl Lite {
     }
 
     /// Start the dispatcher thread (events sent before are kept).
-    pub fn start(&self, broker: Weak<Broker>) -> std::io::Result<()> {
+    pub fn start(&self, host: Weak<dyn Ingest>, store: Store) -> std::io::Result<()> {
         let Some(rx) = self.rx.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return Ok(());
         };
         let mut d = Dispatcher {
-            broker,
+            host,
+            store,
             engine: self.engine.clone(),
             settings: self.settings.clone(),
             tx: self.tx.clone(),
@@ -458,7 +457,10 @@ pub struct GroupInfo {
 
 /// The dispatcher's state (only its thread touches it).
 pub struct Dispatcher {
-    broker: Weak<Broker>,
+    /// The broker, for dead letters (gone: the dispatcher has nothing left to do).
+    host: Weak<dyn Ingest>,
+    /// The shared log.
+    store: Store,
     engine: Arc<Engine>,
     settings: Settings,
     tx: mpsc::Sender<Event>,
@@ -565,8 +567,8 @@ impl Dispatcher {
                 retry_ms,
             } => self.ack(tag, code, suspend_ms, retry_ms),
             Event::DlqDurable(m) => {
-                if let Some(b) = self.broker.upgrade() {
-                    b.ingest(m);
+                if let Some(h) = self.host.upgrade() {
+                    h.ingest_stored(m);
                 }
             }
             Event::LanesRemoved(ids) => {
@@ -1123,9 +1125,9 @@ impl Dispatcher {
         attempts: u32,
         reason: &str,
     ) {
-        let Some(broker) = self.broker.upgrade() else {
+        if self.host.strong_count() == 0 {
             return;
-        };
+        }
         let Some((_, key, _, _)) = self.engine.lane(tag.lane) else {
             return;
         };
@@ -1135,7 +1137,7 @@ impl Dispatcher {
         let Some(&(seq, pos, _)) = entries.first().filter(|e| e.0 == tag.offset) else {
             return;
         };
-        let rec = match broker.persist.store.read(pos) {
+        let rec = match self.store.read(pos) {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "dead letter: lane message not in the log");
@@ -1183,7 +1185,7 @@ impl Dispatcher {
         let cb: lanemq_store::Callback = Box::new(move |r| {
             let _ = otx.send(r.map(|_| ()).map_err(|_| ()));
         });
-        match broker.persist.store.append(rec_in, cb) {
+        match self.store.append(rec_in, cb) {
             Ok(off) => {
                 msg.offset = off;
                 let msg = Arc::new(msg);
@@ -1333,9 +1335,9 @@ impl Dispatcher {
             return;
         };
         let from = self.committed(gid, lane);
-        let Some(broker) = self.broker.upgrade() else {
+        if self.host.strong_count() == 0 {
             return;
-        };
+        }
         let window = self.settings.member_window;
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
@@ -1408,7 +1410,7 @@ impl Dispatcher {
                 skipped = true;
                 continue;
             }
-            let rec = match broker.persist.store.read(pos) {
+            let rec = match self.store.read(pos) {
                 Ok(r) => r,
                 Err(e) => {
                     debug!(error = %e, lane, seq, "lane message no longer in the log; skipped");

@@ -63,7 +63,7 @@ impl Message {
 
     /// The message of a log record.
     pub fn from_record(r: &lanemq_store::Record) -> Message {
-        let properties = crate::persist::from_store_properties(&r.properties);
+        let properties = from_store_properties(&r.properties);
         // The expiry runs from the arrival time, not from the restart.
         let expires_at = properties.message_expiry_interval.map(|s| {
             let age_us = now_us().saturating_sub(r.timestamp_us);
@@ -129,9 +129,9 @@ pub struct Delivery {
     pub seq: u64,
     /// Set for a message of a stream subscription (never persisted in the queue: the
     /// subscription's acknowledged position is).
-    pub stream: Option<crate::streams::StreamTag>,
+    pub stream: Option<crate::stream_sub::StreamTag>,
     /// Set for a message of a lane group (never persisted in the queue: the group offset is).
-    pub lane: Option<crate::lite::LaneTag>,
+    pub lane: Option<LaneTag>,
 }
 
 /// The shared subscription a delivery came through.
@@ -140,4 +140,41 @@ pub struct SharedOrigin {
     pub group: Arc<str>,
     /// The inner filter (without `$share/<group>/`).
     pub filter: Arc<str>,
+}
+
+/// A lane delivery's link back to its group, lane, offset and batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneTag {
+    pub group: u64,
+    pub lane: u64,
+    pub offset: u64,
+    pub epoch: u64,
+    /// Sent with DUP=1: taken back from a member that did not acknowledge it in time.
+    pub dup: bool,
+}
+
+/// The log record's properties of a PUBLISH's.
+pub fn to_store_properties(p: &PublishProperties) -> lanemq_store::Properties {
+    lanemq_store::Properties {
+        payload_format_indicator: p.payload_format_indicator,
+        message_expiry_interval: p.message_expiry_interval,
+        content_type: p.content_type.clone(),
+        response_topic: p.response_topic.clone(),
+        correlation_data: p.correlation_data.clone(),
+        user_properties: p.user_properties.clone(),
+        username: None,
+    }
+}
+
+/// A PUBLISH's properties from a log record's.
+pub fn from_store_properties(p: &lanemq_store::Properties) -> PublishProperties {
+    PublishProperties {
+        payload_format_indicator: p.payload_format_indicator,
+        message_expiry_interval: p.message_expiry_interval,
+        content_type: p.content_type.clone(),
+        response_topic: p.response_topic.clone(),
+        correlation_data: p.correlation_data.clone(),
+        user_properties: p.user_properties.clone(),
+        ..Default::default()
+    }
 }

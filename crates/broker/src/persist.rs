@@ -42,7 +42,7 @@
 use crate::config::{FsyncMode, StorageConfig};
 use crate::queue_journal::{Inflights, QueueJournal, Queues};
 use bytes::Bytes;
-use lanemq_protocol::{PublishProperties, QoS};
+
 use lanemq_store::{
     Index, IndexHint, Properties, Record, RecordIn, Store, StoreError, StoreOptions,
 };
@@ -141,7 +141,7 @@ pub enum Op {
         offset: u64,
     },
     /// A stream subscription and its acknowledged position
-    /// ([`crate::streams::StoredStreamSub`]).
+    /// ([`crate::stream_sub::StoredStreamSub`]).
     StreamSubPut {
         client: Arc<str>,
         filter: String,
@@ -929,14 +929,14 @@ impl Persist {
     pub fn load_stream_subs(
         &self,
         client: &str,
-    ) -> Result<Vec<(String, crate::streams::StoredStreamSub)>, PersistError> {
+    ) -> Result<Vec<(String, crate::stream_sub::StoredStreamSub)>, PersistError> {
         let p = prefix(client);
         let mut out = Vec::new();
         for kv in self.trees.stream_subs.scan_prefix(&p) {
             let (k, v) = kv?;
             let filter = String::from_utf8(k[p.len()..].to_vec())
                 .map_err(|_| PersistError::Corrupt("stream_subs"))?;
-            let s = crate::streams::StoredStreamSub::decode(&v)
+            let s = crate::stream_sub::StoredStreamSub::decode(&v)
                 .ok_or(PersistError::Corrupt("stream_subs"))?;
             out.push((filter, s));
         }
@@ -987,59 +987,6 @@ impl Persist {
 
 // ---- conversions between broker messages and log records ----
 
-/// A subscription's persisted value.
-pub fn encode_sub(o: &lanemq_protocol::SubscriptionOptions, sub_id: Option<u32>) -> [u8; 6] {
-    let flags = u8::from(o.no_local)
-        | (u8::from(o.retain_as_published) << 1)
-        | ((o.retain_handling & 3) << 2);
-    let id = sub_id.unwrap_or(0).to_be_bytes();
-    [o.qos.as_u8(), flags, id[0], id[1], id[2], id[3]]
-}
-
-/// Flag bit (in the flags byte of a stored subscription) of a private one-lane replay
-/// (a plain subscription with `lane-offset`): restored as a replay, not into the router.
-pub const SUB_FLAG_LANE_REPLAY: u8 = 0x10;
-
-/// Is the stored subscription `v` a private one-lane replay?
-pub fn is_lane_replay(v: &[u8; 6]) -> bool {
-    v[1] & SUB_FLAG_LANE_REPLAY != 0
-}
-
-pub fn decode_sub(v: &[u8; 6]) -> (lanemq_protocol::SubscriptionOptions, Option<u32>) {
-    let o = lanemq_protocol::SubscriptionOptions {
-        qos: QoS::from_u8(v[0]).unwrap_or(QoS::AtMostOnce),
-        no_local: v[1] & 1 != 0,
-        retain_as_published: v[1] & 2 != 0,
-        retain_handling: (v[1] >> 2) & 3,
-    };
-    let id = u32::from_be_bytes([v[2], v[3], v[4], v[5]]);
-    (o, (id != 0).then_some(id))
-}
-
-pub fn to_store_properties(p: &PublishProperties) -> Properties {
-    Properties {
-        payload_format_indicator: p.payload_format_indicator,
-        message_expiry_interval: p.message_expiry_interval,
-        content_type: p.content_type.clone(),
-        response_topic: p.response_topic.clone(),
-        correlation_data: p.correlation_data.clone(),
-        user_properties: p.user_properties.clone(),
-        username: None,
-    }
-}
-
-pub fn from_store_properties(p: &Properties) -> PublishProperties {
-    PublishProperties {
-        payload_format_indicator: p.payload_format_indicator,
-        message_expiry_interval: p.message_expiry_interval,
-        content_type: p.content_type.clone(),
-        response_topic: p.response_topic.clone(),
-        correlation_data: p.correlation_data.clone(),
-        user_properties: p.user_properties.clone(),
-        ..Default::default()
-    }
-}
-
 /// The record of a PUBLISH; `pid` is the inbound QoS 2 packet id (kept for de-duplication).
 pub fn record_in(msg: &crate::message::Message, pid: Option<u16>) -> RecordIn {
     RecordIn {
@@ -1050,7 +997,7 @@ pub fn record_in(msg: &crate::message::Message, pid: Option<u16>) -> RecordIn {
         client_id: msg.publisher.to_string(),
         properties: Properties {
             username: msg.username.as_deref().map(str::to_string),
-            ..to_store_properties(&msg.properties)
+            ..crate::message::to_store_properties(&msg.properties)
         },
         index_hints: pid
             .map(|p| {

@@ -25,7 +25,7 @@ pub use crate::config::QueueOverflow;
 use crate::message::{Delivery, NOT_STORED};
 use crate::persist::{Op, Persist};
 pub use crate::spill::{SpillQueue, Spilled, SpilledExtra};
-use crate::streams::StreamSub;
+use crate::stream_sub::StreamSub;
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -422,7 +422,7 @@ impl Session {
 
     /// Remove lane deliveries matching `pred`, queued or in flight (a batch handed to another
     /// member, an expired lane). Returns how many.
-    pub fn revoke_lane(&self, pred: impl Fn(&crate::lite::LaneTag) -> bool) -> usize {
+    pub fn revoke_lane(&self, pred: impl Fn(&crate::message::LaneTag) -> bool) -> usize {
         let mut st = self.lock();
         let st = &mut *st;
         let mut n = 0;
@@ -449,7 +449,7 @@ impl Session {
     }
 
     /// Remove the queued (not yet sent) lane deliveries matching `pred`; their offsets.
-    pub fn revoke_queued_lane(&self, pred: impl Fn(&crate::lite::LaneTag) -> bool) -> Vec<u64> {
+    pub fn revoke_queued_lane(&self, pred: impl Fn(&crate::message::LaneTag) -> bool) -> Vec<u64> {
         let mut st = self.lock();
         let mut out = Vec::new();
         let mut freed = 0;

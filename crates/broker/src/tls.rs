@@ -10,10 +10,10 @@
 //! records it could not write, tungstenite keeps whole messages), so the wrapper flushes after
 //! every write and keeps flushing from the read side, which the connection always polls.
 
+use crate::anyhow_lite;
 use crate::broker::Broker;
 use crate::config::ListenerConfig;
 use crate::connection::serve_connection;
-use crate::listener::anyhow_lite;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
