@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use lanemq_protocol::{PublishProperties, QoS};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 #[derive(Debug)]
 pub struct Message {
@@ -105,12 +105,7 @@ impl Message {
     }
 }
 
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
+pub use lanemq_store::now_us;
 
 /// One message on its way to one session.
 #[derive(Debug, Clone)]

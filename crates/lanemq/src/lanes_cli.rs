@@ -173,11 +173,7 @@ fn pages(
     }
 }
 
-fn now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
+use lanemq_store::now_us;
 
 /// `12s`, `3m20s`, `2h5m`, `4d1h`.
 fn human(us: u64) -> String {

@@ -255,10 +255,7 @@ fn be64(v: &[u8]) -> u64 {
     u64::from_be_bytes(b)
 }
 
-/// µs since the Unix epoch.
-pub fn now_us() -> u64 {
-    lanemq_store::now_us()
-}
+pub use lanemq_store::now_us;
 
 impl Engine {
     /// Open the registry and rebuild the lane table; parents of the config file are created

@@ -86,9 +86,7 @@ const FLAG_RECORD: u8 = 2;
 /// Longest key kept (longer keys are cut at a character boundary).
 pub const KEY_LEN_MAX: usize = 1024;
 
-fn now_us() -> u64 {
-    lanemq_store::now_us()
-}
+use lanemq_store::now_us;
 
 fn be64(v: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(v.get(0..8)?.try_into().ok()?))
