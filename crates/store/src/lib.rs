@@ -10,9 +10,9 @@
 //! error naming the segment and byte offset. Sealed segments carry a sparse `.idx` so open
 //! scans only the last segment.
 //!
-//! The **index** ([`Index`], sled 0.34) holds sessions, subscriptions, inflight state, the
-//! offline queue as log offsets, retained topics, inbound QoS 2 ids, wills, and a watermark
-//! from which [`catch_up`] replays the log.
+//! The **index** ([`Index`], sled 0.34) is one sled database whose named trees belong to the
+//! layers above (the broker's session trees, the stream and lite registries); each owner
+//! documents its own schema.
 //!
 //! The crate is synchronous and has no async runtime dependency: the broker calls
 //! `append`/`try_append` from any thread (they only block when the submission queue is
@@ -32,7 +32,7 @@ mod verify;
 
 pub use error::{StoreError, TryAppendError};
 pub use fs::{Faults, Fs, LogFile, MemFs, StdFs};
-pub use index::{catch_up, CatchUpReport, Index, InflightEntry, InflightStage, Will};
+pub use index::Index;
 pub use log::{
     now_us, Callback, Cut, FsyncPolicy, LogReader, RecoveryReport, RetentionReport, Store,
     StoreOptions,
