@@ -2,38 +2,16 @@
 //! (`/api/v5/lite/...`, docs/admin-api.md#lanes). Same connection options as
 //! `lanemq streams`.
 
-use crate::streams_cli::{host_port, print_pretty, resolve_token, segment, Api};
+use crate::admin_client::{print_pretty, segment, Api, ConnArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::Value;
-use std::path::PathBuf;
 
-/// Where the admin API is and how to authenticate (valid before or after the subcommand).
+/// `lanemq lanes ...`: the connection options and the subcommand.
 #[derive(Args)]
 pub struct LanesArgs {
-    /// Admin API address: `host:port` or `http://host:port`.
-    #[arg(
-        long,
-        visible_alias = "addr",
-        env = "LANEMQ_ADMIN_ADDR",
-        default_value = "127.0.0.1:18083",
-        global = true
-    )]
-    url: String,
-    /// Bearer token (else --token-file, else <data-dir>/admin.token).
-    #[arg(
-        long,
-        env = "LANEMQ_ADMIN_TOKEN",
-        global = true,
-        hide_env_values = true
-    )]
-    token: Option<String>,
-    /// File holding the token.
-    #[arg(long, global = true)]
-    token_file: Option<PathBuf>,
-    /// Data directory of the broker, where it keeps admin.token.
-    #[arg(long, env = "LANEMQ_DATA_DIR", default_value = "data", global = true)]
-    data_dir: PathBuf,
+    #[command(flatten)]
+    conn: ConnArgs,
     #[command(subcommand)]
     command: LanesCommand,
 }
@@ -268,14 +246,7 @@ fn metrics_text(api: &Api) -> Result<String> {
 }
 
 pub fn run(args: LanesArgs) -> Result<()> {
-    let api = Api {
-        addr: host_port(&args.url)?,
-        token: resolve_token(
-            args.token.as_deref(),
-            args.token_file.as_deref(),
-            &args.data_dir,
-        )?,
-    };
+    let api = args.conn.api()?;
     let parent_path = |p: &str| format!("/api/v5/lite/parents/{}", segment(p));
     match args.command {
         LanesCommand::Parents { json } => {

@@ -1,5 +1,6 @@
 //! The `lanemq` binary: `serve`, `generate-config`, `check-config`, `bench`, `streams`, `lanes`, ...
 
+mod admin_client;
 mod alloc;
 mod lanes_cli;
 mod streams_cli;

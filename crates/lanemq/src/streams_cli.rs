@@ -1,36 +1,15 @@
 //! `lanemq streams ...`: a command-line client of the REST admin API (`/api/v5`).
 
+use crate::admin_client::{print_pretty, segment, ConnArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::{Map, Value};
-use std::path::PathBuf;
 
-/// Where the admin API is and how to authenticate (valid before or after the subcommand).
+/// `lanemq streams ...`: the connection options and the subcommand.
 #[derive(Args)]
 pub struct StreamsArgs {
-    /// Admin API address: `host:port` or `http://host:port`.
-    #[arg(
-        long,
-        visible_alias = "addr",
-        env = "LANEMQ_ADMIN_ADDR",
-        default_value = "127.0.0.1:18083",
-        global = true
-    )]
-    url: String,
-    /// Bearer token (else --token-file, else <data-dir>/admin.token).
-    #[arg(
-        long,
-        env = "LANEMQ_ADMIN_TOKEN",
-        global = true,
-        hide_env_values = true
-    )]
-    token: Option<String>,
-    /// File holding the token.
-    #[arg(long, global = true)]
-    token_file: Option<PathBuf>,
-    /// Data directory of the broker, where it keeps admin.token.
-    #[arg(long, env = "LANEMQ_DATA_DIR", default_value = "data", global = true)]
-    data_dir: PathBuf,
+    #[command(flatten)]
+    conn: ConnArgs,
     #[command(subcommand)]
     command: StreamsCommand,
 }
@@ -161,77 +140,6 @@ impl StreamFields {
     }
 }
 
-/// The admin API endpoint and token.
-pub(crate) struct Api {
-    pub(crate) addr: String,
-    pub(crate) token: String,
-}
-
-/// `host:port` from `host:port`, `http://host:port` or `http://host:port/`.
-pub(crate) fn host_port(url: &str) -> Result<String> {
-    let u = url.trim();
-    if u.starts_with("https://") {
-        bail!("--url {u}: https is not supported (the admin API speaks plain HTTP on loopback)");
-    }
-    let u = u.strip_prefix("http://").unwrap_or(u);
-    let u = u.trim_end_matches('/');
-    if u.is_empty() || u.contains('/') {
-        bail!("--url {url:?}: expected host:port or http://host:port");
-    }
-    Ok(u.to_string())
-}
-
-fn token(args: &StreamsArgs) -> Result<String> {
-    resolve_token(
-        args.token.as_deref(),
-        args.token_file.as_deref(),
-        &args.data_dir,
-    )
-}
-
-/// The token: `--token`, else `--token-file`, else `<data-dir>/admin.token`.
-pub(crate) fn resolve_token(
-    token: Option<&str>,
-    token_file: Option<&std::path::Path>,
-    data_dir: &std::path::Path,
-) -> Result<String> {
-    if let Some(t) = token {
-        let t = t.trim();
-        if t.is_empty() {
-            bail!("--token / LANEMQ_ADMIN_TOKEN is empty");
-        }
-        return Ok(t.to_string());
-    }
-    let path = token_file
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(|| data_dir.join("admin.token"));
-    let t = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "no admin API token: cannot read {} (pass --token, set LANEMQ_ADMIN_TOKEN, \
-             or point --token-file / --data-dir at the broker's token)",
-            path.display()
-        )
-    })?;
-    let t = t.trim();
-    if t.is_empty() {
-        bail!("{}: the token file is empty", path.display());
-    }
-    Ok(t.to_string())
-}
-
-/// Percent-encodes a path segment (stream names are plain, but be safe).
-pub(crate) fn segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// A `--json` argument: inline JSON, `@FILE` or `-` (stdin); checked to be JSON.
 fn json_arg(arg: &str) -> Result<Value> {
     let text = if arg == "-" {
@@ -245,47 +153,6 @@ fn json_arg(arg: &str) -> Result<Value> {
         arg.to_string()
     };
     serde_json::from_str(&text).context("--json: not valid JSON")
-}
-
-impl Api {
-    /// Sends a request; an HTTP status >= 400 becomes an error with the server's message.
-    pub(crate) fn call(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-    ) -> Result<(u16, Value)> {
-        let body = body.map(Value::to_string);
-        let (status, text) =
-            lanemq_admin::client::request(&self.addr, &self.token, method, path, body.as_deref())
-                .with_context(|| {
-                format!(
-                    "cannot reach the admin API at {} (is the broker running with \
-                         [admin] enable = true?)",
-                    self.addr
-                )
-            })?;
-        let value = if text.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text.clone()))
-        };
-        if status >= 400 {
-            let code = value.get("code").and_then(Value::as_str).unwrap_or("");
-            let message = value
-                .get("message")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .unwrap_or_else(|| text.trim().to_string());
-            bail!("{method} {path}: HTTP {status} {code}: {message}");
-        }
-        Ok((status, value))
-    }
-}
-
-pub(crate) fn print_pretty(v: &Value) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
 }
 
 /// The stream definition part of a `StreamInfo` (drops the figures).
@@ -340,10 +207,7 @@ fn table(streams: &[Value]) {
 }
 
 pub fn run(args: StreamsArgs) -> Result<()> {
-    let api = Api {
-        addr: host_port(&args.url)?,
-        token: token(&args)?,
-    };
+    let api = args.conn.api()?;
     match args.command {
         StreamsCommand::List { limit, json } => {
             if limit == 0 {
@@ -440,14 +304,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_become_host_port() {
-        assert_eq!(host_port("127.0.0.1:18083").unwrap(), "127.0.0.1:18083");
-        assert_eq!(host_port("http://localhost:1/").unwrap(), "localhost:1");
-        assert!(host_port("https://x:1").is_err());
-        assert!(host_port("http://x:1/api").is_err());
-    }
-
-    #[test]
     fn flags_merge_over_a_definition() {
         let f = StreamFields {
             json: None,
@@ -471,11 +327,5 @@ mod tests {
         assert_eq!(v["limits"]["max_message_bytes"], "10MB");
         assert_eq!(v["read_max_unacked"], 5);
         assert_eq!(v["topic_filter"], "t/#");
-    }
-
-    #[test]
-    fn path_segments_are_encoded() {
-        assert_eq!(segment("a.b-c_d"), "a.b-c_d");
-        assert_eq!(segment("a/b c"), "a%2Fb%20c");
     }
 }
