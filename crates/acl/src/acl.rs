@@ -51,7 +51,9 @@
 
 use crate::error::{read_file, LoadError, ParseError};
 use crate::topic::{covers, intersects};
-use lanemq_protocol::topic::{matches, parse_shared, valid_filter, valid_topic_name};
+use lanemq_protocol::topic::{
+    matches, parse_shared, split_stream_topic, valid_filter, valid_topic_name, StreamTopicParts,
+};
 use regex::{Regex, RegexBuilder};
 use std::collections::HashMap;
 use std::fmt;
@@ -647,21 +649,16 @@ impl Acl {
 
 /// For a subscription that can auto-create a stream: the `create` object and the filter.
 fn stream_creation(filter: &str) -> Option<(String, &str)> {
-    if let Some(rest) = filter.strip_prefix("$stream/") {
-        let (name, f) = rest.split_once('/')?;
-        if name.is_empty() || f.is_empty() {
-            return None;
-        }
-        return Some((format!("$stream/{name}"), f));
+    match split_stream_topic(filter)? {
+        StreamTopicParts::Named {
+            name,
+            filter: Some(f),
+        } if !name.is_empty() && !f.is_empty() => Some((format!("$stream/{name}"), f)),
+        StreamTopicParts::Legacy {
+            filter: Some(f), ..
+        } if !f.is_empty() => Some((format!("$stream//{f}"), f)),
+        _ => None,
     }
-    if let Some(rest) = filter.strip_prefix("$s/") {
-        let (_offset, f) = rest.split_once('/')?;
-        if f.is_empty() {
-            return None;
-        }
-        return Some((format!("$stream//{f}"), f));
-    }
-    None
 }
 
 // ---------------------------------------------------------------------------------------------

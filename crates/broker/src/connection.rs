@@ -1903,17 +1903,18 @@ impl Conn {
         };
         let mut handle = engine.lookup(&t.name);
         let mut pending_note = None;
+        let mismatch = |h: &lanemq_streams::engine::StreamHandle| {
+            h.filter_mismatch(t.filter.as_deref()).map(|captures| {
+                format!(
+                    "stream_bound_to_different_topic_filter: stream {:?} captures {captures:?}",
+                    t.name
+                )
+            })
+        };
+        if let Some(reason) = handle.as_deref().and_then(mismatch) {
+            return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, reason);
+        }
         match (&handle, &t.filter) {
-            (Some(h), Some(flt)) if h.topic_filter() != *flt => {
-                return fail(
-                    rc::IMPLEMENTATION_SPECIFIC_ERROR,
-                    format!(
-                        "stream_bound_to_different_topic_filter: stream {:?} captures {:?}",
-                        t.name,
-                        h.topic_filter()
-                    ),
-                );
-            }
             (None, Some(flt)) => {
                 let settings = engine.settings();
                 let lastvalue = settings.auto_create.lastvalue.clone();
@@ -1956,18 +1957,8 @@ impl Conn {
                     match created {
                         Ok(_) | Err(StreamError::AlreadyExists(_)) => {
                             handle = engine.lookup(&t.name);
-                            if let Some(h) = &handle {
-                                if h.topic_filter() != *flt {
-                                    return fail(
-                                        rc::IMPLEMENTATION_SPECIFIC_ERROR,
-                                        format!(
-                                            "stream_bound_to_different_topic_filter: stream \
-                                             {:?} captures {:?}",
-                                            t.name,
-                                            h.topic_filter()
-                                        ),
-                                    );
-                                }
+                            if let Some(reason) = handle.as_deref().and_then(mismatch) {
+                                return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, reason);
                             }
                         }
                         Err(e @ StreamError::MaxStreamCount(_)) => {

@@ -110,14 +110,14 @@ async fn feed(
             if let Some(h) = engine.lookup(&sub.name) {
                 // `$stream/<name>/<filter>` binds only to a stream of that filter: the ACL
                 // authorized that filter, not whatever a stream created later captures.
-                match &wanted_filter {
-                    Some(f) if h.topic_filter() != *f => {
+                match h.filter_mismatch(wanted_filter.as_deref()) {
+                    Some(captures) => {
                         if !mismatch_logged {
                             mismatch_logged = true;
                             warn!(
                                 stream = %sub.name,
                                 subscribed = %sub.filter,
-                                captures = %h.topic_filter(),
+                                %captures,
                                 "pending stream subscription not bound: the stream captures a \
                                  different topic filter"
                             );

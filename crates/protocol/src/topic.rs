@@ -88,9 +88,99 @@ pub fn parse_shared(filter: &str) -> Result<Option<SharedFilter<'_>>, SharedErro
     }))
 }
 
+/// The shape of a stream subscription topic, split at its slashes and not validated: the one
+/// place the `$stream/` grammar is written. Validation and error messages are the streams
+/// crate's (`lanemq_streams::subscribe::parse_topic`); the ACL and the broker use the split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamTopicParts<'a> {
+    /// `$stream/<name>` or `$stream/<name>/<filter>`.
+    Named {
+        name: &'a str,
+        filter: Option<&'a str>,
+    },
+    /// Legacy `$s/<offset>/<filter>`; `filter` is `None` when nothing follows the offset.
+    Legacy {
+        offset: &'a str,
+        filter: Option<&'a str>,
+    },
+}
+
+/// Prefix of a named stream subscription.
+pub const STREAM_PREFIX: &str = "$stream/";
+/// Prefix of a legacy stream subscription.
+pub const LEGACY_STREAM_PREFIX: &str = "$s/";
+
+/// `Some` for a stream subscription topic (`$stream/...` or `$s/...`), split into its parts.
+pub fn split_stream_topic(topic: &str) -> Option<StreamTopicParts<'_>> {
+    if let Some(rest) = topic.strip_prefix(STREAM_PREFIX) {
+        let (name, filter) = match rest.split_once('/') {
+            Some((n, f)) => (n, Some(f)),
+            None => (rest, None),
+        };
+        return Some(StreamTopicParts::Named { name, filter });
+    }
+    let rest = topic.strip_prefix(LEGACY_STREAM_PREFIX)?;
+    let (offset, filter) = match rest.split_once('/') {
+        Some((o, f)) => (o, Some(f)),
+        None => (rest, None),
+    };
+    Some(StreamTopicParts::Legacy { offset, filter })
+}
+
+/// Is `topic` a stream subscription (`$stream/...` or `$s/...`)?
+pub fn is_stream_topic(topic: &str) -> bool {
+    split_stream_topic(topic).is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_topics_split_at_their_slashes() {
+        use StreamTopicParts::*;
+        for (t, want) in [
+            (
+                "$stream/a",
+                Some(Named {
+                    name: "a",
+                    filter: None,
+                }),
+            ),
+            (
+                "$stream/a/t/#",
+                Some(Named {
+                    name: "a",
+                    filter: Some("t/#"),
+                }),
+            ),
+            (
+                "$stream//x",
+                Some(Named {
+                    name: "",
+                    filter: Some("x"),
+                }),
+            ),
+            (
+                "$s/earliest/t/+",
+                Some(Legacy {
+                    offset: "earliest",
+                    filter: Some("t/+"),
+                }),
+            ),
+            (
+                "$s/latest",
+                Some(Legacy {
+                    offset: "latest",
+                    filter: None,
+                }),
+            ),
+            ("$streams/a", None),
+            ("t/a", None),
+        ] {
+            assert_eq!(split_stream_topic(t), want, "{t}");
+        }
+    }
 
     #[test]
     fn filters() {

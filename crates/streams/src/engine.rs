@@ -277,6 +277,17 @@ impl StreamHandle {
     pub fn topic_filter(&self) -> String {
         self.read().def.topic_filter.clone()
     }
+    /// The one check of the binding rule: a `$stream/<name>/<filter>` subscription binds
+    /// only to a stream capturing exactly `<filter>` (the ACL authorized that filter, not
+    /// whatever the stream captures). `None` when `embedded` may bind (or none was given),
+    /// else the filter this stream captures.
+    pub fn filter_mismatch(&self, embedded: Option<&str>) -> Option<String> {
+        let st = self.read();
+        match embedded {
+            Some(f) if st.def.topic_filter != f => Some(st.def.topic_filter.clone()),
+            _ => None,
+        }
+    }
     pub fn read_max_unacked(&self) -> u32 {
         self.read().def.read_max_unacked
     }

@@ -14,15 +14,12 @@
 use std::fmt;
 
 use crate::model::validate_name;
-use lanemq_protocol::topic::valid_filter;
+use lanemq_protocol::topic::{split_stream_topic, valid_filter, StreamTopicParts};
 
 /// The subscription user property giving the start position.
 pub const OFFSET_PROPERTY: &str = "stream-offset";
 /// EMQX's legacy name for [`OFFSET_PROPERTY`].
 pub const LEGACY_OFFSET_PROPERTY: &str = "$stream.start-from";
-
-const STREAM_PREFIX: &str = "$stream/";
-const LEGACY_PREFIX: &str = "$s/";
 
 /// Where a stream subscription starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,27 +64,25 @@ fn err(msg: impl Into<String>) -> SubscribeError {
 
 /// True if `filter` is a stream subscription (starts with `$stream/` or `$s/`).
 pub fn is_stream_filter(filter: &str) -> bool {
-    filter.starts_with(STREAM_PREFIX) || filter.starts_with(LEGACY_PREFIX)
+    lanemq_protocol::topic::is_stream_topic(filter)
 }
 
 /// Parse a stream subscription topic.
 pub fn parse_topic(filter: &str) -> Result<StreamTopic, SubscribeError> {
-    if let Some(rest) = filter.strip_prefix(STREAM_PREFIX) {
-        parse_named(filter, rest)
-    } else if let Some(rest) = filter.strip_prefix(LEGACY_PREFIX) {
-        parse_legacy(filter, rest)
-    } else {
-        Err(err(format!(
+    match split_stream_topic(filter) {
+        Some(StreamTopicParts::Named { name, filter: f }) => parse_named(filter, name, f),
+        Some(StreamTopicParts::Legacy { offset, filter: f }) => parse_legacy(filter, offset, f),
+        None => Err(err(format!(
             "{filter:?} is not a stream subscription: it must begin with $stream/ or $s/."
-        )))
+        ))),
     }
 }
 
-fn parse_named(filter: &str, rest: &str) -> Result<StreamTopic, SubscribeError> {
-    let (name, embedded) = match rest.split_once('/') {
-        Some((n, f)) => (n, Some(f)),
-        None => (rest, None),
-    };
+fn parse_named(
+    filter: &str,
+    name: &str,
+    embedded: Option<&str>,
+) -> Result<StreamTopic, SubscribeError> {
     if name.is_empty() {
         return Err(err(format!(
             "{filter:?} names no stream: use $stream/<name> or $stream/<name>/<topic filter>."
@@ -118,9 +113,13 @@ fn parse_named(filter: &str, rest: &str) -> Result<StreamTopic, SubscribeError> 
     })
 }
 
-fn parse_legacy(filter: &str, rest: &str) -> Result<StreamTopic, SubscribeError> {
+fn parse_legacy(
+    filter: &str,
+    offset: &str,
+    inner: Option<&str>,
+) -> Result<StreamTopic, SubscribeError> {
     let usage = "use $s/<earliest|latest|timestamp in µs>/<topic filter>";
-    let Some((offset, inner)) = rest.split_once('/') else {
+    let Some(inner) = inner else {
         return Err(err(format!("{filter:?} has no topic filter: {usage}.")));
     };
     let start = match offset {
