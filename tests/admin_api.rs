@@ -366,14 +366,26 @@ async fn stream_messages_over_http_match_the_mqtt_replay_and_follow_live() {
 
     // A binary payload comes back in base64; `latest` gives nothing old.
     assert!(p.publish_qos1("v/bin", &[0xff, 0x00, 0x01]).await < 0x80);
-    let (_, v5) = api
-        .call(
-            "GET",
-            &format!("/api/v5/stream/viewer/messages?offset={next}&limit=10"),
-            None,
-        )
-        .await;
-    let bin = v5["data"].as_array().unwrap().last().cloned().unwrap();
+    // The stream indexer runs after the PUBACK: wait (bounded) until it has the message.
+    let mut bin = Value::Null;
+    for _ in 0..100 {
+        let (_, v5) = api
+            .call(
+                "GET",
+                &format!("/api/v5/stream/viewer/messages?offset={next}&limit=10"),
+                None,
+            )
+            .await;
+        if let Some(last) = v5["data"]
+            .as_array()
+            .and_then(|a| a.last())
+            .filter(|m| m["topic"] == "v/bin")
+        {
+            bin = last.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(
         (bin["payload"].as_str(), bin["payload_encoding"].as_str()),
         (Some("/wAB"), Some("base64"))
