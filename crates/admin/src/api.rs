@@ -263,8 +263,46 @@ impl From<StreamError> for ApiError {
 }
 
 /// A JSON request body: the content type must be `application/json` (or `...+json`), at most
-/// [`BODY_LIMIT`] bytes; every failure is a JSON error (400 with serde's message, or 413).
+/// [`BODY_LIMIT`] bytes, its JSON types those of its schema in the OpenAPI document
+/// ([`Documented`], [`crate::shape`]); every failure is a JSON error (400 with the reason, or
+/// 413).
 pub(crate) struct JsonBody<T>(pub(crate) T);
+
+/// A request body type and its schema in the OpenAPI document.
+pub(crate) trait Documented {
+    fn schema() -> Value;
+}
+
+impl Documented for StreamDef {
+    fn schema() -> Value {
+        crate::shape::schema_ref("StreamDef")
+    }
+}
+
+impl Documented for GlobalSettings {
+    fn schema() -> Value {
+        crate::shape::schema_ref("GlobalSettings")
+    }
+}
+
+impl Documented for ParentDef {
+    fn schema() -> Value {
+        crate::shape::schema_ref("LiteParentDef")
+    }
+}
+
+/// Any JSON: the handler checks it against the schema it needs.
+impl Documented for Value {
+    fn schema() -> Value {
+        json!({})
+    }
+}
+
+impl<T: Documented> Documented for Vec<T> {
+    fn schema() -> Value {
+        json!({ "type": "array", "items": T::schema() })
+    }
+}
 
 fn is_json_content_type(headers: &HeaderMap) -> bool {
     let Some(v) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
@@ -279,7 +317,7 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
     mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
 }
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<S: Send + Sync, T: DeserializeOwned + Documented> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
@@ -303,9 +341,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ApiError::bad_request(format!("cannot read the request body: {}", r.body_text()))
             }
         })?;
-        serde_json::from_slice(&bytes)
+        let invalid = |e: String| ApiError::bad_request(format!("invalid request body: {e}"));
+        let value: Value = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+        crate::shape::check(&value, &T::schema()).map_err(invalid)?;
+        serde_json::from_value(value)
             .map(JsonBody)
-            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+            .map_err(|e| invalid(e.to_string()))
     }
 }
 
@@ -405,7 +446,10 @@ async fn update_stream(
             )))
         }
     }
-    let def: StreamDef = serde_json::from_value(Value::Object(obj))
+    let body = Value::Object(obj);
+    crate::shape::check(&body, &crate::shape::schema_ref("StreamUpdate"))
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    let def: StreamDef = serde_json::from_value(body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
     invalid(def.validate())?;
     let b = st.backend;

@@ -22,6 +22,7 @@ mod metrics;
 pub mod openapi;
 mod publish;
 mod retainer;
+mod shape;
 mod stream_messages;
 mod token;
 

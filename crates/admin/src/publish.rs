@@ -95,6 +95,12 @@ struct Body {
     clientid: Option<String>,
 }
 
+impl crate::api::Documented for Body {
+    fn schema() -> Value {
+        crate::shape::schema_ref("PublishRequest")
+    }
+}
+
 impl Body {
     fn check(self) -> Result<ApiPublish, String> {
         if self.qos > 2 {
