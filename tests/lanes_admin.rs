@@ -329,7 +329,7 @@ async fn parents_are_created_listed_shown_updated_and_deleted_with_json_errors()
         ),
         (
             json!({ "name": "x", "pattern": "x/{lane}", "ttl_s": "1h" }),
-            "expected u64",
+            "ttl_s: expected an integer",
         ),
         (json!({ "name": "x", "pattern": "$SYS/{lane}" }), "pattern"),
         (
