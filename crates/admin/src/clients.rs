@@ -12,62 +12,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde::Deserialize;
+use serde_json::Value;
 
-use crate::api::{blocking, path_name, ApiError, AppState};
-use crate::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
-
-/// One session, connected or not (`GET /clients`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ClientInfo {
-    pub clientid: String,
-    /// The username the client presented (or authenticated as).
-    pub username: Option<String>,
-    /// Address of the current or last connection (none for a session restored from disk
-    /// whose client has not come back).
-    pub ip_address: Option<String>,
-    pub connected: bool,
-    /// When the current or last connection was accepted, milliseconds since the epoch.
-    pub connected_at: Option<u64>,
-    /// 3 (MQTT 3.1), 4 (3.1.1) or 5.
-    pub proto_ver: u8,
-    pub proto_name: &'static str,
-    /// Session Expiry Interval in seconds (0: the session ends with the connection).
-    pub expiry_interval: u32,
-    pub subscriptions_cnt: usize,
-    /// Messages queued for the client (in memory and as log positions).
-    pub mqueue_len: usize,
-    /// QoS 1/2 deliveries sent and not yet acknowledged.
-    pub inflight_cnt: usize,
-    /// Messages dropped for this session (QoS 0 while away, byte budgets, queue overflow).
-    pub mqueue_dropped: u64,
-}
-
-/// One subscription (`GET /subscriptions`, `GET /clients/{clientid}/subscriptions`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SubscriptionInfo {
-    pub clientid: String,
-    /// The filter as subscribed (with `$share/<group>/` or `$stream/` when it has one).
-    pub topic: String,
-    pub qos: u8,
-    /// No Local.
-    pub nl: u8,
-    /// Retain As Published.
-    pub rap: u8,
-    /// Retain Handling.
-    pub rh: u8,
-}
-
-/// What `DELETE /clients/{clientid}` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kicked {
-    /// The connection got DISCONNECT 0x98 (MQTT 5) or was closed (3.1.1).
-    Disconnected,
-    /// No connection: the stored session was discarded.
-    Discarded,
-    NotFound,
-}
+use crate::backend::{ClientInfo, Kicked, SubscriptionInfo};
+use crate::http::{blocking, page_limit, paged, path_name, ApiError, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,41 +42,6 @@ struct SubscriptionQuery {
     qos: Option<u8>,
     /// Filters that contain this substring.
     match_topic: Option<String>,
-}
-
-pub(crate) fn page_limit(
-    page: Option<usize>,
-    limit: Option<usize>,
-) -> Result<(usize, usize), ApiError> {
-    let limit = limit.unwrap_or(LIST_LIMIT_DEFAULT);
-    if !(1..=LIST_LIMIT_MAX).contains(&limit) {
-        return Err(ApiError::bad_request(format!(
-            "limit must be between 1 and {LIST_LIMIT_MAX}"
-        )));
-    }
-    let page = page.unwrap_or(1);
-    if page == 0 {
-        return Err(ApiError::bad_request("page starts at 1"));
-    }
-    Ok((page, limit))
-}
-
-/// EMQX's page shape: `{"data": [...], "meta": {page, limit, count, hasnext}}`, `count`
-/// being the number of matching items on all pages.
-pub(crate) fn paged<T: Serialize>(items: Vec<T>, page: usize, limit: usize) -> Value {
-    let count = items.len();
-    let start = (page - 1).saturating_mul(limit).min(count);
-    let end = start.saturating_add(limit).min(count);
-    let data: Vec<Value> = items
-        .into_iter()
-        .skip(start)
-        .take(end - start)
-        .map(|i| serde_json::to_value(i).unwrap_or(Value::Null))
-        .collect();
-    json!({
-        "data": data,
-        "meta": { "page": page, "limit": limit, "count": count, "hasnext": end < count }
-    })
 }
 
 fn not_found(clientid: &str) -> ApiError {
@@ -266,6 +180,7 @@ pub(crate) fn public_routes() -> Router<AppState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn pages() {

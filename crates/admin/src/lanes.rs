@@ -11,45 +11,17 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use lanemq_lite::{LaneInfo, LiteError, ParentDef, ParentInfo};
+use lanemq_lite::{LiteError, ParentDef, ParentInfo};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::api::{blocking, path_name, ApiError, AppState, JsonBody};
-use crate::{LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
+use crate::backend::{LaneDetail, LiteMetrics};
+use crate::http::{
+    blocking, path_name, ApiError, AppState, JsonBody, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX,
+};
 
 /// `Content-Type` of `GET /lite/metrics` (the Prometheus text exposition format).
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// One lane with the figures of every group of its parent (`GET .../lanes/{lane}`).
-#[derive(Debug, Clone, Serialize)]
-pub struct LaneDetail {
-    #[serde(flatten)]
-    pub lane: LaneInfo,
-    /// One object per group: `group` and the group's figures on this lane.
-    pub groups: Vec<Value>,
-}
-
-/// The gauges and counters of the lite layer (`GET /lite/metrics`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct LiteMetrics {
-    /// Lanes in the lane table (every parent).
-    pub lanes: u64,
-    /// Lite parents in force.
-    pub parents: u64,
-    pub lanes_created: u64,
-    pub lanes_expired: u64,
-    pub suspended: u64,
-    pub retried: u64,
-    pub redelivered: u64,
-    pub ack_timeouts: u64,
-    pub dead_lettered: u64,
-    pub committed: u64,
-    pub publish_refused: u64,
-    pub indexed: u64,
-    /// Lanes per parent: `(parent name, lanes)`.
-    pub parent_lanes: Vec<(String, u64)>,
-}
 
 impl LiteMetrics {
     /// `(name, help, value)` of every counter, `lanemq_lite_<name>_total`.

@@ -14,9 +14,11 @@
 //! - [`openapi`]: the OpenAPI 3.0 description served at `GET /api/v5/openapi.json`.
 
 mod api;
+mod backend;
 pub mod client;
 mod clients;
 mod dashboard;
+mod http;
 mod lanes;
 mod metrics;
 pub mod openapi;
@@ -26,17 +28,15 @@ mod shape;
 mod stream_messages;
 mod token;
 
-pub use api::{
-    router, router_with, serve, AdminBackend, RouterOptions, API_PREFIX, BODY_LIMIT,
-    LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX, REQUEST_TIMEOUT, ROUTES,
+pub use api::{router, router_with, serve, RouterOptions, API_PREFIX, REQUEST_TIMEOUT, ROUTES};
+pub use backend::{
+    AdminBackend, ApiPublish, BrokerMetrics, ClientInfo, GroupFigures, HistogramFigures, Kicked,
+    LaneDetail, LiteMetrics, LogFigures, ParentFigures, PublishError, Published, QosFigures,
+    RetainedInfo, StreamFigures, StreamMessageView, StreamPage, SubscriptionInfo,
 };
-pub use clients::{ClientInfo, Kicked, SubscriptionInfo};
-pub use lanes::{LaneDetail, LiteMetrics, METRICS_CONTENT_TYPE};
-pub use metrics::{
-    render as render_metrics, BrokerMetrics, GroupFigures, HistogramFigures, LogFigures,
-    ParentFigures, ProcessFigures, QosFigures, StreamFigures, OPENMETRICS_TEXT, PROMETHEUS_TEXT,
-};
-pub use publish::{ApiPublish, PublishError, Published, BULK_MAX};
-pub use retainer::RetainedInfo;
-pub use stream_messages::{StreamMessageView, StreamPage, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
+pub use http::{BODY_LIMIT, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
+pub use lanes::METRICS_CONTENT_TYPE;
+pub use metrics::{render as render_metrics, ProcessFigures, OPENMETRICS_TEXT, PROMETHEUS_TEXT};
+pub use publish::BULK_MAX;
+pub use stream_messages::{READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
 pub use token::{load_or_create_token, TOKEN_FILE};

@@ -25,119 +25,13 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::api::{blocking, ApiError, AppState};
-use crate::lanes::LiteMetrics;
+use crate::backend::{BrokerMetrics, GroupFigures, HistogramFigures, QosFigures, StreamFigures};
+use crate::http::{blocking, ApiError, AppState};
 
 /// `Content-Type` of the Prometheus text format.
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// `Content-Type` of the OpenMetrics text format.
 pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// A histogram as read: `(upper bound, observations in that bucket)` pairs (not cumulative:
-/// the exposition adds them up), the sum and the count (observations above the last bound
-/// count only here, in `+Inf`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HistogramFigures {
-    pub buckets: Vec<(f64, u64)>,
-    pub sum: f64,
-    pub count: u64,
-}
-
-/// Messages and payload bytes of one QoS level.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct QosFigures {
-    pub messages: u64,
-    pub payload_bytes: u64,
-}
-
-/// The shared log.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct LogFigures {
-    pub appended_records: u64,
-    pub appended_bytes: u64,
-    /// Write batches (group commits).
-    pub batches: u64,
-    pub fsyncs: u64,
-    pub segments: u64,
-    pub segment_bytes: u64,
-    pub first_offset: u64,
-    pub next_offset: u64,
-    /// Exclusive end of the durable (readable) records.
-    pub committed_offset: u64,
-    /// Records waiting for the storage thread.
-    pub queued_records: u64,
-    pub fsync_seconds: HistogramFigures,
-    pub batch_records: HistogramFigures,
-}
-
-/// One named stream.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct StreamFigures {
-    pub name: String,
-    pub records: u64,
-    pub bytes: u64,
-    pub readers: u64,
-    /// Age of the oldest message held; `None` when the stream is empty.
-    pub oldest_age_seconds: Option<f64>,
-}
-
-/// One lite parent.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ParentFigures {
-    pub name: String,
-    pub lanes: u64,
-    /// Lanes some connected group can take now.
-    pub ready_lanes: u64,
-}
-
-/// One consumer group of a lite parent.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GroupFigures {
-    pub parent: String,
-    pub group: String,
-    pub members_online: u64,
-    pub inflight: u64,
-    pub lanes_behind: u64,
-    pub lag_messages: u64,
-    pub dead_letters: u64,
-}
-
-/// Everything `GET /metrics` shows of the broker, read once per scrape.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BrokerMetrics {
-    pub uptime_seconds: u64,
-    pub connections: u64,
-    pub connections_accepted: u64,
-    /// CONNECTs refused, by CONNACK reason name (`bad_user_name_or_password`, ...).
-    pub connects_refused: Vec<(String, u64)>,
-    pub auth_failures: u64,
-    pub sessions_online: u64,
-    pub sessions_offline: u64,
-    pub subscriptions: u64,
-    pub received: [QosFigures; 3],
-    pub sent: [QosFigures; 3],
-    /// Bytes read from and written to client connections (every packet).
-    pub network_received_bytes: u64,
-    pub network_sent_bytes: u64,
-    /// Messages discarded, by reason (`queue_full`, `expired`, ...).
-    pub dropped: Vec<(String, u64)>,
-    /// Accepted PUBLISHes that matched no subscription.
-    pub no_subscribers: u64,
-    pub retained: u64,
-    pub inflight: u64,
-    pub queued_messages: u64,
-    pub queued_bytes: u64,
-    pub queued_bytes_limit: u64,
-    pub spilled: u64,
-    pub slow_consumers_disconnected: u64,
-    pub log: LogFigures,
-    /// Next log offset each index has not indexed yet: `(index, offset)`.
-    pub indexed_offsets: Vec<(String, u64)>,
-    pub streams: Vec<StreamFigures>,
-    pub lite: LiteMetrics,
-    pub parents: Vec<ParentFigures>,
-    pub groups: Vec<GroupFigures>,
-}
 
 /// The process, from `/proc/self` (absent fields: not Linux, or not readable).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -796,6 +690,7 @@ pub(crate) fn routes() -> Router<AppState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::LogFigures;
 
     fn sample() -> BrokerMetrics {
         BrokerMetrics {

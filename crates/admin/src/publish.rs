@@ -12,45 +12,11 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{blocking, ApiError, AppState, JsonBody};
+use crate::backend::{ApiPublish, PublishError, Published};
+use crate::http::{blocking, ApiError, AppState, JsonBody};
 
 /// Most messages in one `POST /publish/bulk`.
 pub const BULK_MAX: usize = 1000;
-
-/// A message to publish, checked for shape (the broker checks the topic, QoS and ACL).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiPublish {
-    pub topic: String,
-    pub payload: Vec<u8>,
-    pub qos: u8,
-    pub retain: bool,
-    pub payload_format_indicator: Option<u8>,
-    pub message_expiry_interval: Option<u32>,
-    pub content_type: Option<String>,
-    pub response_topic: Option<String>,
-    pub correlation_data: Option<Vec<u8>>,
-    pub user_properties: Vec<(String, String)>,
-}
-
-/// What happened to a published message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Published {
-    /// Stored at this log offset and delivered to at least one subscription (or a lane).
-    Delivered(u64),
-    /// Stored at this log offset; no subscription matched (MQTT reason 0x10).
-    NoSubscribers(u64),
-}
-
-/// Why a message was not published.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PublishError {
-    /// The topic, QoS, retain flag or payload is not acceptable (400).
-    Invalid(String),
-    /// The ACL denies the `api` identity this topic (403).
-    NotAuthorized(String),
-    /// The store refused or did not answer in time (503).
-    Unavailable(String),
-}
 
 impl From<PublishError> for ApiError {
     fn from(e: PublishError) -> ApiError {
@@ -95,7 +61,7 @@ struct Body {
     clientid: Option<String>,
 }
 
-impl crate::api::Documented for Body {
+impl crate::http::Documented for Body {
     fn schema() -> Value {
         crate::shape::schema_ref("PublishRequest")
     }

@@ -9,25 +9,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use base64::Engine as _;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{blocking, path_name, ApiError, AppState};
-use crate::clients::{page_limit, paged};
-
-/// One retained message, without its payload (`GET .../messages`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RetainedInfo {
-    pub topic: String,
-    /// The message's log offset.
-    pub msgid: String,
-    pub qos: u8,
-    pub from_clientid: String,
-    pub from_username: Option<String>,
-    /// Arrival time, milliseconds since the epoch.
-    pub publish_at: u64,
-    pub payload_bytes: usize,
-}
+use crate::http::{blocking, page_limit, paged, path_name, ApiError, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -18,42 +18,13 @@ use lanemq_streams::subscribe::{parse_offset, StartFrom};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::api::{blocking, path_name, ApiError, AppState};
+use crate::backend::StreamMessageView;
+use crate::http::{blocking, path_name, ApiError, AppState};
 
 /// Default number of messages per page.
 pub const READ_LIMIT_DEFAULT: usize = 100;
 /// Largest page.
 pub const READ_LIMIT_MAX: usize = 1000;
-
-/// One message of a stream as the API returns it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamMessageView {
-    /// The stream position (the log offset).
-    pub offset: u64,
-    pub topic: String,
-    pub qos: u8,
-    pub retain: bool,
-    /// Arrival time, microseconds since the epoch.
-    pub ts_us: u64,
-    /// The last-value key (last-value streams only).
-    pub key: Option<String>,
-    pub from_clientid: String,
-    pub payload: Vec<u8>,
-    pub payload_format_indicator: Option<u8>,
-    pub message_expiry_interval: Option<u32>,
-    pub content_type: Option<String>,
-    pub response_topic: Option<String>,
-    pub correlation_data: Option<Vec<u8>>,
-    pub user_properties: Vec<(String, String)>,
-}
-
-/// A page read from a stream: the messages, and the next position to read.
-#[derive(Debug, Clone, Default)]
-pub struct StreamPage {
-    pub messages: Vec<StreamMessageView>,
-    /// The first position the next read would look at.
-    pub next: u64,
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
