@@ -80,44 +80,6 @@ impl LiteMetrics {
         ]
     }
 
-    /// The Prometheus text exposition (format 0.0.4).
-    pub fn to_prometheus(&self) -> String {
-        let mut out = String::new();
-        let mut gauge = |name: &str, help: &str, samples: &[(String, u64)]| {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n"));
-            for (labels, v) in samples {
-                out.push_str(&format!("{name}{labels} {v}\n"));
-            }
-        };
-        gauge(
-            "lanemq_lite_lanes",
-            "Lanes in the lane table.",
-            &[(String::new(), self.lanes)],
-        );
-        gauge(
-            "lanemq_lite_parents",
-            "Lite parents in force.",
-            &[(String::new(), self.parents)],
-        );
-        let per_parent: Vec<(String, u64)> = self
-            .parent_lanes
-            .iter()
-            .map(|(p, n)| (format!("{{parent=\"{}\"}}", label_value(p)), *n))
-            .collect();
-        gauge(
-            "lanemq_lite_parent_lanes",
-            "Lanes of one lite parent.",
-            &per_parent,
-        );
-        for (name, help, v) in self.counters() {
-            out.push_str(&format!(
-                "# HELP lanemq_lite_{name}_total {help}\n# TYPE lanemq_lite_{name}_total counter\n\
-                 lanemq_lite_{name}_total {v}\n"
-            ));
-        }
-        out
-    }
-
     /// The same figures as one JSON object keyed by metric name.
     pub fn to_json(&self) -> Value {
         let mut o = serde_json::Map::new();
@@ -134,13 +96,6 @@ impl LiteMetrics {
         }
         Value::Object(o)
     }
-}
-
-/// Escapes a Prometheus label value (`\`, `"`, line feed).
-fn label_value(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 impl From<LiteError> for ApiError {
@@ -369,7 +324,7 @@ async fn metrics(State(st): State<AppState>, headers: HeaderMap) -> Result<Respo
     if wants_json(&headers) {
         return Ok(Json(m.to_json()).into_response());
     }
-    let mut resp = m.to_prometheus().into_response();
+    let mut resp = crate::metrics::render_lite(m).into_response();
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
     Ok(resp)
@@ -427,7 +382,7 @@ mod tests {
             parent_lanes: vec![("a\"b".into(), 3)],
             ..Default::default()
         };
-        let t = m.to_prometheus();
+        let t = crate::metrics::render_lite(m.clone());
         assert!(
             t.contains("# TYPE lanemq_lite_lanes gauge\nlanemq_lite_lanes 3\n"),
             "{t}"

@@ -25,7 +25,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::backend::{BrokerMetrics, GroupFigures, HistogramFigures, QosFigures, StreamFigures};
+use crate::backend::{
+    BrokerMetrics, GroupFigures, HistogramFigures, LiteMetrics, QosFigures, StreamFigures,
+};
 use crate::http::{blocking, ApiError, AppState};
 
 /// `Content-Type` of the Prometheus text format.
@@ -499,34 +501,7 @@ impl Collector for Scrape {
             }),
         )?;
         // Lanes.
-        let lm = &b.lite;
-        gauge(
-            e,
-            "lanemq_lite_parents",
-            "Lite parents in force.",
-            None,
-            lm.parents,
-        )?;
-        gauge(
-            e,
-            "lanemq_lite_lanes",
-            "Lanes in the lane table (every parent).",
-            None,
-            lm.lanes,
-        )?;
-        for (name, help, v) in lm.counters() {
-            counter(e, &format!("lanemq_lite_{name}"), help, None, v)?;
-        }
-        family(
-            e,
-            "lanemq_lite_parent_lanes",
-            "Lanes of a lite parent.",
-            None,
-            MetricType::Gauge,
-            b.parents
-                .iter()
-                .map(|p| ([("parent", p.name.as_str())], p.lanes)),
-        )?;
+        encode_lite(e, &b.lite)?;
         family(
             e,
             "lanemq_lite_parent_ready_lanes",
@@ -633,6 +608,58 @@ impl Collector for Scrape {
         }
         Ok(())
     }
+}
+
+/// The lite layer's lane counts and counters (also `GET /api/v5/lite/metrics` alone).
+fn encode_lite(e: &mut Enc<'_>, lm: &LiteMetrics) -> FmtResult {
+    gauge(
+        e,
+        "lanemq_lite_parents",
+        "Lite parents in force.",
+        None,
+        lm.parents,
+    )?;
+    gauge(
+        e,
+        "lanemq_lite_lanes",
+        "Lanes in the lane table (every parent).",
+        None,
+        lm.lanes,
+    )?;
+    for (name, help, v) in lm.counters() {
+        counter(e, &format!("lanemq_lite_{name}"), help, None, v)?;
+    }
+    family(
+        e,
+        "lanemq_lite_parent_lanes",
+        "Lanes of a lite parent.",
+        None,
+        MetricType::Gauge,
+        lm.parent_lanes
+            .iter()
+            .map(|(p, n)| ([("parent", p.as_str())], *n)),
+    )
+}
+
+/// The lite layer's part alone, for `GET /api/v5/lite/metrics`.
+#[derive(Debug)]
+struct LiteScrape(LiteMetrics);
+
+impl Collector for LiteScrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> FmtResult {
+        encode_lite(&mut e, &self.0)
+    }
+}
+
+/// `GET /api/v5/lite/metrics` in the Prometheus text format.
+pub(crate) fn render_lite(lm: LiteMetrics) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(LiteScrape(lm)));
+    let mut out = String::with_capacity(4096);
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
+        tracing::error!(error = %e, "lite metrics encoding failed");
+    }
+    out
 }
 
 /// OpenMetrics only when the scraper asks for it (Prometheus does, with a q-value).
