@@ -1,0 +1,938 @@
+//! One task per network connection: CONNECT handshake, then a single `select!` loop over
+//! reading (decode + handle), writing (a bounded buffer), session wake-ups and keep alive.
+//!
+//! Invariants:
+//! - the session lock is never held across an `.await`, and never while taking the router lock
+//!   (lock order: router, then session);
+//! - at most `send_window` QoS 1/2 PUBLISH are unacknowledged [MQTT-4.9.0-2];
+//! - the write buffer stops growing at `WRITE_HIGH_WATER_BYTES`; the session queue (bounded by
+//!   `max_queued_messages` and `outbound_buffer_bytes_max`) holds the rest;
+//! - a connection whose session generation changed (take-over) stops touching the session.
+//!
+//! This file keeps the socket loop, framing, packet dispatch and the drain of the session
+//! queue; the handshake, PUBLISH, SUBSCRIBE/UNSUBSCRIBE and the end of a connection (will,
+//! expiry) are in the files beside it.
+
+mod close;
+mod handshake;
+mod publish;
+mod subscribe;
+
+pub use close::start_restored_timers;
+use handshake::reject_bad_connect;
+
+use crate::broker::Broker;
+use crate::message::{Delivery, Message};
+use crate::persist::{Op, SessionMeta};
+use crate::router::Subscriber;
+use crate::session::{Inflight, InflightStage, Kick, Session, Subscription};
+use crate::stream_sub::StreamSub;
+use bytes::BytesMut;
+use lanemq_acl::{Action, Request};
+use lanemq_protocol::reason as rc;
+use lanemq_protocol::topic;
+use lanemq_protocol::{
+    decode, encode, encoded_len, AckProperties, ConnAck, ConnAckProperties, Connect, DecodeError,
+    Disconnect, Packet, ProtocolVersion, PubResp, Publish, QoS, SubAck, Subscribe, UnsubAck,
+    Unsubscribe, Will,
+};
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+use tracing::{debug, info_span, warn, Instrument};
+
+/// The write buffer is filled from the session queue up to this size.
+const WRITE_HIGH_WATER_BYTES: usize = 64 * 1024;
+/// Read buffer capacity while a connection is idle (memory per idle connection matters).
+const READ_BUFFER_IDLE_BYTES: usize = 512;
+/// Read buffer growth step when it runs out of room.
+const READ_BUFFER_STEP_BYTES: usize = 16 * 1024;
+/// Buffers above this capacity are released once empty.
+const BUFFER_SHRINK_BYTES: usize = 64 * 1024;
+/// How long the final DISCONNECT and buffered data may take to flush.
+const FLUSH_TIMEOUT_MS: u64 = 1_000;
+/// Spilled queue entries are read back from the log when fewer than this many are in memory.
+const REFILL_LOW: usize = 64;
+/// Spilled queue entries read back at a time, at most.
+const REFILL_BATCH: usize = 128;
+/// Bytes of spilled queue entries read back at a time, at most (at least one entry; never
+/// beyond the session's `outbound_buffer_bytes_max`).
+const REFILL_BYTES_MAX: usize = 64 * 1024;
+/// A drained session queue whose capacity is above this gives the spare room back.
+const TRIM_QUEUE_CAPACITY: usize = 1024;
+/// How long input is drained after a server-initiated DISCONNECT.
+const LINGER_MS: u64 = 500;
+/// How much input is drained at most after a server-initiated DISCONNECT.
+const LINGER_BYTES_MAX: usize = 1024 * 1024;
+
+/// How a connection ends.
+#[derive(Debug, Clone, Copy)]
+struct Close {
+    /// DISCONNECT reason code to send (MQTT 5 only).
+    reason: Option<u8>,
+    /// Publish the will message.
+    will: bool,
+}
+
+impl Close {
+    fn error(code: u8) -> Close {
+        Close {
+            reason: Some(code),
+            will: true,
+        }
+    }
+    fn silent(will: bool) -> Close {
+        Close { reason: None, will }
+    }
+}
+
+/// Serve one connection until it ends.
+pub async fn serve_connection<R, W>(broker: Arc<Broker>, reader: R, writer: W, peer: SocketAddr)
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let span = info_span!("conn", %peer, client_id = tracing::field::Empty);
+    async move {
+        if let Err(e) = run(broker, reader, writer, peer).await {
+            debug!(error = %e, "connection ended with I/O error");
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn run<R, W>(
+    broker: Arc<Broker>,
+    mut reader: R,
+    mut writer: W,
+    peer: SocketAddr,
+) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let cfg = &broker.config.mqtt;
+    let mut rbuf = BytesMut::with_capacity(READ_BUFFER_IDLE_BYTES);
+    let timeout = Duration::from_millis(cfg.connect_timeout_ms);
+    enum First {
+        Packet(Packet),
+        Bad(DecodeError),
+        Eof,
+    }
+    let mut shutdown = broker.shutdown_signal();
+    let first = tokio::time::timeout(timeout, async {
+        loop {
+            if *shutdown.borrow_and_update() {
+                // Shutting down: a connection that has not sent CONNECT yet just goes.
+                return Ok(First::Eof);
+            }
+            match decode(&mut rbuf, ProtocolVersion::V5, cfg.max_packet_size_bytes) {
+                Ok(Some(p)) => return Ok::<First, std::io::Error>(First::Packet(p)),
+                Ok(None) => {}
+                Err(e) => return Ok(First::Bad(e)),
+            }
+            tokio::select! {
+                n = reader.read_buf(&mut rbuf) => {
+                    let n = n?;
+                    if n == 0 {
+                        return Ok(First::Eof);
+                    }
+                    broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                _ = shutdown.changed() => {}
+            }
+        }
+    })
+    .await;
+    let connect = match first {
+        Err(_) => {
+            debug!("no CONNECT within the connect timeout");
+            return Ok(());
+        }
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(First::Bad(err))) => {
+            reject_bad_connect(&mut writer, &err).await;
+            return Ok(());
+        }
+        Ok(Ok(First::Eof)) => return Ok(()),
+        Ok(Ok(First::Packet(Packet::Connect(c)))) => c,
+        Ok(Ok(First::Packet(other))) => {
+            debug!(packet_type = other.type_id(), "first packet is not CONNECT");
+            return Ok(());
+        }
+    };
+    let mut connect = *connect;
+    let mut enhanced = None;
+    if connect.protocol.is_v5() && connect.properties.authentication_method.is_some() {
+        enhanced = crate::enhanced_auth::connect_exchange(
+            &broker,
+            &mut connect,
+            &mut reader,
+            &mut writer,
+            &mut rbuf,
+            peer,
+        )
+        .await?;
+        if enhanced.is_none() {
+            return Ok(());
+        }
+    }
+    let Some(mut conn) =
+        Conn::handshake(broker.clone(), connect, enhanced, peer, &mut writer).await?
+    else {
+        return Ok(());
+    };
+    tracing::Span::current().record("client_id", &*conn.client_id);
+    let close = conn.run_loop(&mut reader, &mut writer, rbuf).await;
+    let v5 = conn.version.is_v5();
+    conn.finish(close, &mut writer).await;
+    if close.reason.is_some() && v5 {
+        linger(&mut reader).await;
+    }
+    Ok(())
+}
+
+/// `max_publish_rate_per_s` of one connection: a token bucket holding one second of budget.
+struct RateLimit {
+    per_s: f64,
+    tokens: f64,
+    last: Instant,
+    /// The budget ran out and has not refilled to 10 ms worth yet.
+    paused: bool,
+}
+
+impl RateLimit {
+    fn new(per_s: u32) -> RateLimit {
+        RateLimit {
+            per_s: f64::from(per_s),
+            tokens: f64::from(per_s),
+            last: Instant::now(),
+            paused: false,
+        }
+    }
+
+    /// One PUBLISH received.
+    fn take(&mut self) {
+        self.tokens -= 1.0;
+    }
+
+    /// When reading may resume, if the budget is spent. A spent budget waits for 10 ms worth
+    /// of it (at least one message), so a paced connection is served in batches rather than
+    /// one PUBLISH per wake-up (which would also cost the log one write each).
+    fn paused_until(&mut self) -> Option<tokio::time::Instant> {
+        let now = Instant::now();
+        let dt = now.duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * self.per_s).min(self.per_s);
+        let resume_at = if self.paused {
+            (self.per_s / 100.0).max(1.0)
+        } else {
+            1.0
+        };
+        if self.tokens >= resume_at {
+            self.paused = false;
+            return None;
+        }
+        self.paused = true;
+        let wait = (resume_at - self.tokens) / self.per_s;
+        Some(tokio::time::Instant::from_std(
+            now + Duration::from_secs_f64(wait),
+        ))
+    }
+}
+
+async fn sleep_until_opt(t: Option<tokio::time::Instant>) {
+    if let Some(t) = t {
+        tokio::time::sleep_until(t).await;
+    }
+}
+
+/// After a server-sent DISCONNECT and a write shutdown, read and discard what the client still
+/// sends for a moment, so closing does not reset the connection before the client has read
+/// the DISCONNECT (a reset can discard data not yet read). Bounded in time and bytes.
+async fn linger<R: AsyncRead + Unpin>(reader: &mut R) {
+    let mut buf = [0u8; 4096];
+    let mut budget = LINGER_BYTES_MAX;
+    let _ = tokio::time::timeout(Duration::from_millis(LINGER_MS), async {
+        while budget > 0 {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => budget = budget.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
+/// The acknowledgement a PUBLISH is owed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owed {
+    Nothing,
+    PubAck(u16),
+    PubRec(u16),
+}
+
+/// A PUBLISH waiting for the store (or an acknowledgement waiting behind one).
+struct PendingPub {
+    msg: Option<Arc<Message>>,
+    ack: Owed,
+    code: u8,
+    /// Waits for a store completion (a stored message, delivered or not yet).
+    counted: bool,
+    /// Index ops to submit once durable (for a message delivered before that).
+    after: Vec<Op>,
+    /// Log offset of the record waited for (`u64::MAX` when not counted).
+    offset: u64,
+}
+
+/// Filled by store callbacks (on the storage thread), read by the connection task.
+struct Completions {
+    ok: AtomicU64,
+    failed: AtomicBool,
+    waker: Arc<Notify>,
+}
+
+struct Conn {
+    broker: Arc<Broker>,
+    version: ProtocolVersion,
+    client_id: Arc<str>,
+    session: Arc<Session>,
+    generation: u64,
+    waker: Arc<Notify>,
+    keep_alive: Option<Duration>,
+    /// Outbound QoS 1/2 window: min(client Receive Maximum, max_inflight_messages).
+    send_window: usize,
+    /// Largest packet the client accepts.
+    client_max_packet: usize,
+    /// Client's Topic Alias Maximum (server-to-client aliases).
+    client_alias_max: u16,
+    inbound_aliases: HashMap<u16, Arc<str>>,
+    outbound_aliases: HashMap<Arc<str>, u16>,
+    problem_info: bool,
+    will: Option<Will>,
+    /// Session Expiry Interval from CONNECT, possibly updated by DISCONNECT.
+    session_expiry_s: u32,
+    wbuf: BytesMut,
+    /// `max_publish_rate_per_s`: reading pauses while the budget is spent.
+    rate: Option<RateLimit>,
+    /// Username as presented in CONNECT (authenticated when a password file is in use).
+    username: Option<Arc<str>>,
+    /// Stored PUBLISHes not yet durable, in arrival order.
+    pending: VecDeque<PendingPub>,
+    completions: Arc<Completions>,
+    /// Completions consumed from `completions.ok`.
+    completed: u64,
+    /// First log offset this connection has appended but not routed (for the watermark).
+    low: Arc<AtomicU64>,
+    /// Write barriers: bytes from this absolute position wait for this index ticket.
+    barriers: VecDeque<(u64, u64)>,
+    /// Bytes written to the socket so far.
+    abs_written: u64,
+    peer: SocketAddr,
+    /// Feeder task of each stream subscription, by full filter.
+    feeders: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// Enhanced authentication: the method and user, and a re-authentication in progress.
+    enhanced: Option<Box<crate::enhanced_auth::Live>>,
+}
+
+impl Conn {
+    /// On session resume, send every unacknowledged PUBLISH again with DUP=1 and every PUBREL
+    /// [MQTT-4.4.0-1].
+    fn resend_inflight(&mut self) {
+        let now = Instant::now();
+        let entries: Vec<Inflight> = self.session.lock().inflight.iter().cloned().collect();
+        for e in entries {
+            match e.stage {
+                InflightStage::PubComp => {
+                    self.encode(&Packet::PubRel(PubResp::new(e.packet_id, rc::SUCCESS)));
+                }
+                _ => {
+                    let (p, _) = self.build_publish(&e.delivery, e.packet_id, true, now);
+                    self.encode(&Packet::Publish(p));
+                }
+            }
+        }
+    }
+
+    fn encode(&mut self, p: &Packet) {
+        encode(p, self.version, &mut self.wbuf);
+    }
+
+    /// An acknowledgement, with its properties stripped if the client asked for no problem
+    /// information or the packet would exceed the client's Maximum Packet Size.
+    fn encode_ack(&mut self, mut p: Packet) {
+        let strip = |props: &mut AckProperties| {
+            props.reason_string = None;
+            props.user_properties.clear();
+        };
+        let props = match &mut p {
+            Packet::PubAck(r) | Packet::PubRec(r) | Packet::PubRel(r) | Packet::PubComp(r) => {
+                Some(&mut r.properties)
+            }
+            Packet::SubAck(s) => Some(&mut s.properties),
+            Packet::UnsubAck(u) => Some(&mut u.properties),
+            _ => None,
+        };
+        if let Some(props) = props {
+            if !self.problem_info {
+                strip(props);
+            }
+        }
+        if encoded_len(&p, self.version) > self.client_max_packet {
+            match &mut p {
+                Packet::PubAck(r) | Packet::PubRec(r) | Packet::PubRel(r) | Packet::PubComp(r) => {
+                    strip(&mut r.properties)
+                }
+                Packet::SubAck(s) => strip(&mut s.properties),
+                Packet::UnsubAck(u) => strip(&mut u.properties),
+                _ => {}
+            }
+        }
+        self.encode(&p);
+    }
+
+    /// Build an outbound PUBLISH; returns it and the topic whose alias was newly assigned.
+    /// An acknowledgement from the client for packet id `pid`: if a delivery with that id is
+    /// in flight, its stage must be one of `allowed` (a PUBREC for a QoS 1 message, a PUBACK
+    /// for a QoS 2 one or a PUBCOMP before the PUBREL is a protocol error, MQTT 5 4.13: the
+    /// connection ends, with DISCONNECT 0x82 for MQTT 5). An id not in flight is left to the
+    /// caller (ignored, or answered with 0x92).
+    fn expect_stage(&self, pid: u16, allowed: &[InflightStage]) -> Result<(), Close> {
+        let st = self.session.lock();
+        match st.inflight.iter().find(|f| f.packet_id == pid) {
+            Some(f) if !allowed.contains(&f.stage) => {
+                debug!(pid, stage = ?f.stage, "acknowledgement of the wrong kind");
+                Err(Close::error(rc::PROTOCOL_ERROR))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn build_publish(
+        &mut self,
+        d: &Delivery,
+        pid: u16,
+        dup: bool,
+        now: Instant,
+    ) -> (Publish, Option<Arc<str>>) {
+        let mut properties = if self.version.is_v5() {
+            d.msg.properties.clone()
+        } else {
+            Default::default()
+        };
+        let mut topic_name = String::new();
+        let mut new_alias = None;
+        if self.version.is_v5() {
+            properties.message_expiry_interval = d.msg.remaining_expiry_s(now);
+            properties.subscription_identifiers = d.sub_ids.clone();
+            if self.client_alias_max > 0 {
+                if let Some(a) = self.outbound_aliases.get(&d.msg.topic) {
+                    properties.topic_alias = Some(*a);
+                } else if self.outbound_aliases.len() < usize::from(self.client_alias_max) {
+                    let a = (self.outbound_aliases.len() + 1) as u16;
+                    self.outbound_aliases.insert(d.msg.topic.clone(), a);
+                    properties.topic_alias = Some(a);
+                    topic_name.push_str(&d.msg.topic);
+                    new_alias = Some(d.msg.topic.clone());
+                }
+            }
+        }
+        if (properties.topic_alias.is_none() || new_alias.is_some()) && topic_name.is_empty() {
+            topic_name.push_str(&d.msg.topic);
+        }
+        let p = Publish {
+            dup,
+            qos: d.qos,
+            retain: d.retain,
+            topic: topic_name,
+            packet_id: pid,
+            properties,
+            payload: d.msg.payload.clone(),
+        };
+        (p, new_alias)
+    }
+
+    /// Bring spilled queue entries (log positions) back into memory, reading the log without
+    /// the session lock. [`Conn::drain`] calls it when the in-memory part runs low.
+    fn refill(&mut self) {
+        let entries = self.session.peek_spilled(REFILL_BATCH, REFILL_BYTES_MAX);
+        let read = self.broker.read_spilled(&self.client_id, entries);
+        let lost = self.session.lock().take_spilled(read);
+        for sp in lost {
+            self.forget_delivery(sp.seq, None);
+        }
+    }
+
+    /// Move deliveries from the session queue into the write buffer, within the inflight
+    /// window and the write high-water mark. Returns a kick if the connection must end.
+    fn drain(&mut self) -> Option<Kick> {
+        let session = self.session.clone();
+        let mut st = session.lock();
+        if st.ended || st.generation != self.generation {
+            return Some(Kick::TakenOver);
+        }
+        if let Some(k) = st.kick.take() {
+            return Some(k);
+        }
+        if !st.spilled.is_empty() && st.queue.len() < REFILL_LOW {
+            drop(st);
+            self.refill();
+            st = session.lock();
+        }
+        // After the refill: a message read back from the log that has expired is due now.
+        let now = Instant::now();
+        let mut sent = 0u64;
+        let mut dropped = 0u64;
+        let mut expired = 0u64;
+        let mut sent_qos = [0u64; 3];
+        let mut sent_bytes_qos = [0u64; 3];
+        while self.wbuf.len() < WRITE_HIGH_WATER_BYTES {
+            let Some(front) = st.queue.front() else { break };
+            if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.send_window {
+                break;
+            }
+            let Some(d) = st.pop_queue() else { break };
+            if d.msg.is_expired(now) {
+                expired += 1;
+                self.forget_delivery(d.seq, None);
+                if let Some(t) = &d.stream {
+                    t.done();
+                }
+                if let Some(t) = d.lane {
+                    self.broker.lite.done(t);
+                }
+                continue;
+            }
+            let pid = if d.qos == QoS::AtMostOnce {
+                0
+            } else {
+                match st.alloc_pid() {
+                    Some(pid) => pid,
+                    None => {
+                        st.unpop_queue(d);
+                        break;
+                    }
+                }
+            };
+            let dup = d.lane.is_some_and(|t| t.dup);
+            let (p, new_alias) = self.build_publish(&d, pid, dup, now);
+            let packet = Packet::Publish(p);
+            if encoded_len(&packet, self.version) > self.client_max_packet {
+                // [MQTT-3.1.2-25]: discard as if delivered.
+                if let Some(t) = new_alias {
+                    self.outbound_aliases.remove(&t);
+                }
+                st.pids_in_use.remove(&pid);
+                self.forget_delivery(d.seq, None);
+                if let Some(t) = &d.stream {
+                    t.done();
+                }
+                if let Some(t) = d.lane {
+                    self.broker.lite.done(t);
+                }
+                dropped += 1;
+                continue;
+            }
+            if d.seq != 0 && d.qos != QoS::AtMostOnce {
+                let stage = if d.qos == QoS::ExactlyOnce { 2 } else { 1 };
+                let t = self.broker.persist.submit(Op::InflightPut {
+                    client: self.client_id.clone(),
+                    pid,
+                    seq: d.seq,
+                    stage,
+                });
+                if stage == 2 {
+                    // A QoS 2 PUBLISH goes out only once its packet id is durable, so that a
+                    // resend after a crash carries the same id and the client de-duplicates it.
+                    self.barrier(t);
+                }
+            }
+            encode(&packet, self.version, &mut self.wbuf);
+            sent += 1;
+            let q = d.qos.as_u8() as usize & 3;
+            if let (Some(n), Some(b)) = (sent_qos.get_mut(q), sent_bytes_qos.get_mut(q)) {
+                *n += 1;
+                *b += d.msg.payload.len() as u64;
+            }
+            if let (Some(t), QoS::AtMostOnce) = (&d.stream, d.qos) {
+                t.done();
+            }
+            if let (Some(t), QoS::AtMostOnce) = (d.lane, d.qos) {
+                self.broker.lite.done(t);
+            }
+            if d.qos != QoS::AtMostOnce {
+                let stage = if d.qos == QoS::AtLeastOnce {
+                    InflightStage::PubAck
+                } else {
+                    InflightStage::PubRec
+                };
+                st.inflight.push_back(Inflight {
+                    packet_id: pid,
+                    stage,
+                    delivery: d,
+                });
+            }
+        }
+        if st.queue.is_empty() && st.queue.capacity() > TRIM_QUEUE_CAPACITY {
+            st.trim();
+        }
+        drop(st);
+        let stats = &self.broker.stats;
+        if sent > 0 {
+            stats.messages_sent.fetch_add(sent, Ordering::Relaxed);
+        }
+        if dropped > 0 {
+            stats.messages_dropped.fetch_add(dropped, Ordering::Relaxed);
+            stats
+                .dropped_too_large
+                .fetch_add(dropped, Ordering::Relaxed);
+        }
+        if expired > 0 {
+            stats.dropped_expired.fetch_add(expired, Ordering::Relaxed);
+        }
+        for q in 0..3 {
+            if sent_qos[q] > 0 {
+                stats.sent_qos[q].fetch_add(sent_qos[q], Ordering::Relaxed);
+                stats.sent_payload_bytes_qos[q].fetch_add(sent_bytes_qos[q], Ordering::Relaxed);
+            }
+        }
+        None
+    }
+
+    async fn run_loop<R, W>(&mut self, reader: &mut R, writer: &mut W, mut rbuf: BytesMut) -> Close
+    where
+        R: AsyncRead + Unpin + Send,
+        W: AsyncWrite + Unpin + Send,
+    {
+        let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
+        let far = Duration::from_secs(86_400 * 365);
+        let keep_alive = self.keep_alive;
+        let deadline = tokio::time::sleep(keep_alive.unwrap_or(far));
+        tokio::pin!(deadline);
+        let waker = self.waker.clone();
+        // Packets already buffered behind CONNECT.
+        if !rbuf.is_empty() {
+            if let Err(c) = self.process_input(&mut rbuf, max_packet) {
+                return c;
+            }
+        }
+        loop {
+            if self.rate.is_some() && !rbuf.is_empty() {
+                // Packets left in the buffer by a rate-limit pause.
+                if let Err(c) = self.process_input(&mut rbuf, max_packet) {
+                    return c;
+                }
+            }
+            if let Err(c) = self.process_completions() {
+                return c;
+            }
+            if let Some(kick) = self.drain() {
+                return match kick {
+                    Kick::TakenOver => Close {
+                        reason: Some(rc::SESSION_TAKEN_OVER),
+                        will: true,
+                    },
+                    Kick::SlowConsumer => {
+                        self.broker
+                            .queue_budget
+                            .slow_consumers_disconnected
+                            .fetch_add(1, Ordering::Relaxed);
+                        warn!("slow consumer: queue limit reached, disconnecting");
+                        Close::error(rc::QUOTA_EXCEEDED)
+                    }
+                    Kick::Shutdown => Close {
+                        reason: Some(rc::SERVER_SHUTTING_DOWN),
+                        will: false,
+                    },
+                    Kick::NotAuthorized => Close::error(rc::NOT_AUTHORIZED),
+                    Kick::Administrative => {
+                        warn!("kicked over the admin API");
+                        Close::error(rc::ADMINISTRATIVE_ACTION)
+                    }
+                };
+            }
+            let writable = self.writable();
+            let writing = writable > 0;
+            // Release a large write buffer only once the connection is idle: under load it
+            // would be grown again at once (copying on every doubling).
+            if self.wbuf.is_empty()
+                && self.wbuf.capacity() > BUFFER_SHRINK_BYTES
+                && self.session.lock().queue.is_empty()
+            {
+                self.wbuf = BytesMut::new();
+            }
+            if rbuf.is_empty() && rbuf.capacity() > BUFFER_SHRINK_BYTES {
+                rbuf = BytesMut::with_capacity(READ_BUFFER_IDLE_BYTES);
+            } else if rbuf.capacity() - rbuf.len() < READ_BUFFER_IDLE_BYTES / 2 {
+                rbuf.reserve(READ_BUFFER_STEP_BYTES);
+            }
+            let paused = self.rate.as_mut().and_then(RateLimit::paused_until);
+            tokio::select! {
+                biased;
+                res = writer.write(&self.wbuf[..writable]), if writing => {
+                    match res {
+                        Ok(0) | Err(_) => return Close::silent(true),
+                        Ok(n) => {
+                            bytes::Buf::advance(&mut self.wbuf, n);
+                            self.abs_written += n as u64;
+                            self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                        }
+                    }
+                }
+                _ = sleep_until_opt(paused), if paused.is_some() => {
+                    // Not reading was our choice: the client's keep alive starts afresh.
+                    if let Some(ka) = keep_alive {
+                        deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                    }
+                }
+                res = reader.read_buf(&mut rbuf), if paused.is_none() => {
+                    match res {
+                        Ok(0) | Err(_) => return Close::silent(true),
+                        Ok(n) => {
+                            self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                            if let Some(ka) = keep_alive {
+                                deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                            }
+                            if let Err(c) = self.process_input(&mut rbuf, max_packet) {
+                                return c;
+                            }
+                        }
+                    }
+                }
+                _ = waker.notified() => {}
+                _ = &mut deadline, if keep_alive.is_some() => {
+                    debug!("keep alive timeout");
+                    return Close::error(rc::KEEP_ALIVE_TIMEOUT);
+                }
+            }
+        }
+    }
+
+    fn process_input(&mut self, rbuf: &mut BytesMut, max_packet: u32) -> Result<(), Close> {
+        loop {
+            if self
+                .rate
+                .as_mut()
+                .is_some_and(|r| r.paused_until().is_some())
+            {
+                // Over `max_publish_rate_per_s`: the rest waits in the buffer.
+                return Ok(());
+            }
+            match decode(rbuf, self.version, max_packet) {
+                Ok(Some(p)) => self.handle(p)?,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    debug!(error = %e, "invalid packet");
+                    return Err(Close::error(e.reason_code()));
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, p: Packet) -> Result<(), Close> {
+        match p {
+            Packet::Publish(p) => {
+                if let Some(r) = &mut self.rate {
+                    r.take();
+                }
+                self.on_publish(p)
+            }
+            Packet::PubAck(r) => {
+                // PUBACK for a QoS 2 delivery in flight [MQTT-4.13]: a protocol error.
+                self.expect_stage(r.packet_id, &[InflightStage::PubAck])?;
+                let done = self
+                    .session
+                    .lock()
+                    .take_inflight(r.packet_id, InflightStage::PubAck);
+                if let Some(t) = done.as_ref().and_then(|d| d.delivery.lane) {
+                    self.broker
+                        .lite
+                        .ack(t, r.reason_code, &r.properties.user_properties);
+                }
+                // Any PUBACK (even for a revoked packet id) clears a lane stuck mark.
+                if self.session.clear_lane_stuck() {
+                    self.broker.lite.alive(self.session.clone());
+                }
+                self.forget(done.as_ref());
+                Ok(())
+            }
+            Packet::PubRec(r) => {
+                // PUBREC for a QoS 1 delivery in flight: a protocol error (a repeated PUBREC
+                // after our PUBREL is answered with the PUBREL again).
+                self.expect_stage(
+                    r.packet_id,
+                    &[InflightStage::PubRec, InflightStage::PubComp],
+                )?;
+                let mut st = self.session.lock();
+                let pos = st
+                    .inflight
+                    .iter()
+                    .position(|f| f.packet_id == r.packet_id && f.stage == InflightStage::PubRec);
+                let known = match pos {
+                    Some(_) if r.reason_code >= 0x80 => {
+                        let done = st.take_inflight(r.packet_id, InflightStage::PubRec);
+                        drop(st);
+                        self.forget(done.as_ref());
+                        return Ok(());
+                    }
+                    Some(i) => {
+                        st.inflight[i].stage = InflightStage::PubComp;
+                        let seq = st.inflight[i].delivery.seq;
+                        drop(st);
+                        if seq != 0 {
+                            // PUBREL only once "received" is durable: after a crash the
+                            // message must come back as PUBREL, never as a new PUBLISH.
+                            let t = self.broker.persist.submit(Op::InflightPut {
+                                client: self.client_id.clone(),
+                                pid: r.packet_id,
+                                seq,
+                                stage: 3,
+                            });
+                            self.barrier(t);
+                        }
+                        true
+                    }
+                    None => {
+                        let k = st.inflight.iter().any(|f| {
+                            f.packet_id == r.packet_id && f.stage == InflightStage::PubComp
+                        });
+                        drop(st);
+                        k
+                    }
+                };
+                let code = if known {
+                    rc::SUCCESS
+                } else {
+                    rc::PACKET_IDENTIFIER_NOT_FOUND
+                };
+                self.encode_ack(Packet::PubRel(PubResp::new(r.packet_id, code)));
+                Ok(())
+            }
+            Packet::PubComp(r) => {
+                // PUBCOMP for a QoS 1 delivery, or before our PUBREL: a protocol error.
+                self.expect_stage(r.packet_id, &[InflightStage::PubComp])?;
+                let done = self
+                    .session
+                    .lock()
+                    .take_inflight(r.packet_id, InflightStage::PubComp);
+                self.forget(done.as_ref());
+                Ok(())
+            }
+            Packet::PubRel(r) => {
+                let known = self.session.lock().inbound_qos2.remove(&r.packet_id);
+                if known && self.persistent() {
+                    // PUBCOMP only once the release is durable, so a restarted broker never
+                    // mistakes the publisher's next message with this packet id for a resend.
+                    let t = self.broker.persist.submit(Op::InboundRelease {
+                        client: self.client_id.clone(),
+                        pid: r.packet_id,
+                    });
+                    self.barrier(t);
+                }
+                let code = if known {
+                    rc::SUCCESS
+                } else {
+                    rc::PACKET_IDENTIFIER_NOT_FOUND
+                };
+                self.encode_ack(Packet::PubComp(PubResp::new(r.packet_id, code)));
+                Ok(())
+            }
+            Packet::Subscribe(s) => self.on_subscribe(s),
+            Packet::Unsubscribe(u) => {
+                self.on_unsubscribe(u);
+                Ok(())
+            }
+            Packet::PingReq => {
+                self.encode(&Packet::PingResp);
+                Ok(())
+            }
+            Packet::Disconnect(d) => self.on_disconnect(d),
+            Packet::Auth(a) => {
+                // An AUTH without a method in CONNECT is a Protocol Error [MQTT-4.12.0-7].
+                let Some(live) = self.enhanced.as_mut() else {
+                    return Err(Close::error(rc::PROTOCOL_ERROR));
+                };
+                let reply = live.on_auth(&self.broker, a).map_err(Close::error)?;
+                self.encode(&reply);
+                Ok(())
+            }
+            Packet::Connect(_) => Err(Close::error(rc::PROTOCOL_ERROR)),
+            Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
+                Err(Close::error(rc::PROTOCOL_ERROR))
+            }
+        }
+    }
+
+    fn on_disconnect(&mut self, d: Disconnect) -> Result<(), Close> {
+        if let Some(e) = d.properties.session_expiry_interval {
+            if self.session_expiry_s == 0 && e != 0 {
+                // [MQTT-3.14.2-2]
+                return Err(Close::error(rc::PROTOCOL_ERROR));
+            }
+            self.session_expiry_s = e.min(self.broker.config.mqtt.max_session_expiry_s);
+            let mut st = self.session.lock();
+            if st.generation == self.generation {
+                st.expiry_s = self.session_expiry_s;
+            }
+        }
+        Err(Close::silent(d.reason_code != rc::NORMAL_DISCONNECTION))
+    }
+
+    /// Does this session outlive the connection (so its state is persisted)?
+    fn persistent(&self) -> bool {
+        self.session_expiry_s > 0
+    }
+
+    /// A delivery is finished (acknowledged, refused, or discarded): drop its persisted state.
+    fn forget(&self, done: Option<&Inflight>) {
+        if let Some(e) = done {
+            self.forget_delivery(e.delivery.seq, Some(e.packet_id));
+            if let Some(t) = &e.delivery.stream {
+                t.done();
+            }
+        }
+    }
+
+    fn forget_delivery(&self, seq: u64, pid: Option<u16>) {
+        if seq == 0 {
+            return;
+        }
+        // Queue entry first: if a crash keeps only a prefix of these ops, an inflight entry
+        // without its queue entry is ignored at restore, whereas a queue entry without its
+        // inflight state would be sent again as a new message (a QoS 2 duplicate).
+        let client = self.client_id.clone();
+        self.broker.persist.submit(Op::QueueRemove {
+            client: client.clone(),
+            seq,
+        });
+        if let Some(pid) = pid {
+            self.broker
+                .persist
+                .submit(Op::InflightRemove { client, pid });
+        }
+    }
+
+    /// Hold everything encoded from now on until the index has flushed `ticket`.
+    fn barrier(&mut self, ticket: u64) {
+        let at = self.abs_written + self.wbuf.len() as u64;
+        self.barriers.push_back((at, ticket));
+        self.broker.persist.submit(Op::Wake(self.waker.clone()));
+    }
+
+    /// Bytes of the write buffer that may be written now.
+    fn writable(&mut self) -> usize {
+        let flushed = self.broker.persist.flushed();
+        while self.barriers.front().is_some_and(|&(_, t)| t <= flushed) {
+            self.barriers.pop_front();
+        }
+        match self.barriers.front() {
+            Some(&(at, _)) => (at.saturating_sub(self.abs_written) as usize).min(self.wbuf.len()),
+            None => self.wbuf.len(),
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! A client's PUBLISH: topic alias, limits, ACL, the log append, and the acknowledgements,
+//! sent in arrival order once the records are durable (`process_completions`).
+
+use super::*;
+
+impl Conn {
+    pub(super) fn on_publish(&mut self, p: Publish) -> Result<(), Close> {
+        let cfg = &self.broker.config.mqtt;
+        let topic: Arc<str> = match p.properties.topic_alias {
+            Some(alias) => {
+                if alias == 0 || alias > cfg.topic_alias_max {
+                    return Err(Close::error(rc::TOPIC_ALIAS_INVALID));
+                }
+                if p.topic.is_empty() {
+                    match self.inbound_aliases.get(&alias) {
+                        Some(t) => t.clone(),
+                        None => return Err(Close::error(rc::PROTOCOL_ERROR)),
+                    }
+                } else {
+                    let t: Arc<str> = p.topic.as_str().into();
+                    self.inbound_aliases.insert(alias, t.clone());
+                    t
+                }
+            }
+            None if p.topic.is_empty() => return Err(Close::error(rc::PROTOCOL_ERROR)),
+            None => p.topic.as_str().into(),
+        };
+        if !topic::valid_topic_name(&topic) {
+            return Err(Close::error(rc::TOPIC_NAME_INVALID));
+        }
+        if !p.properties.subscription_identifiers.is_empty() {
+            return Err(Close::error(rc::PROTOCOL_ERROR));
+        }
+        if p.qos.as_u8() > cfg.maximum_qos {
+            return Err(Close::error(rc::QOS_NOT_SUPPORTED));
+        }
+        if p.retain && !cfg.retain_available {
+            return Err(Close::error(rc::RETAIN_NOT_SUPPORTED));
+        }
+        let bad_payload = p.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&p.payload).is_err();
+        let pid = p.packet_id;
+        let ack = match p.qos {
+            QoS::AtMostOnce => Owed::Nothing,
+            QoS::AtLeastOnce => Owed::PubAck(pid),
+            QoS::ExactlyOnce => Owed::PubRec(pid),
+        };
+        if p.qos == QoS::ExactlyOnce && self.session.lock().inbound_qos2.contains(&pid) {
+            // A resend of a QoS 2 message already received: acknowledge, never deliver twice.
+            self.queue_ack(ack, rc::SUCCESS);
+            return Ok(());
+        }
+        if bad_payload {
+            self.queue_ack(ack, rc::PAYLOAD_FORMAT_INVALID);
+            return Ok(());
+        }
+        if topic.starts_with("$SYS/") || &*topic == "$SYS" || !self.allowed(Action::Publish, &topic)
+        {
+            // Refused: $SYS is the broker's own (clients may read it, never write it), or the
+            // ACL denies it. MQTT 5 learns why; 3.1.1 cannot be told, the message is dropped.
+            debug!(topic = %topic, "publish refused");
+            if self.version.is_v5() {
+                self.queue_ack(ack, rc::NOT_AUTHORIZED);
+            } else {
+                if p.qos == QoS::ExactlyOnce {
+                    self.session.lock().inbound_qos2.insert(pid);
+                }
+                self.queue_ack(ack, rc::SUCCESS);
+            }
+            return Ok(());
+        }
+        if p.qos == QoS::ExactlyOnce {
+            let mut st = self.session.lock();
+            if st.inbound_qos2.len() >= usize::from(cfg.receive_maximum) {
+                return Err(Close::error(rc::RECEIVE_MAXIMUM_EXCEEDED));
+            }
+            st.inbound_qos2.insert(pid);
+        }
+        self.accept(topic, p, ack)
+    }
+
+    /// Does the ACL allow this action on this topic (or filter)?
+    pub(super) fn allowed(&self, action: Action, topic: &str) -> bool {
+        let auth = self.broker.auth();
+        let req = Request {
+            username: self.username.as_deref(),
+            client_id: &self.client_id,
+            ip: self.peer.ip(),
+            action,
+            topic,
+        };
+        let d = match action {
+            Action::Subscribe => auth.acl.check_subscribe(&req, false),
+            _ => auth.acl.check(&req),
+        };
+        if !d.allowed {
+            debug!(?action, topic, decision = %d, "ACL denied");
+        }
+        d.allowed
+    }
+
+    /// Send an acknowledgement now, or after the stored messages received before it.
+    pub(super) fn queue_ack(&mut self, ack: Owed, code: u8) {
+        if self.pending.is_empty() {
+            self.send_ack(ack, code);
+        } else {
+            self.pending.push_back(PendingPub {
+                msg: None,
+                ack,
+                code,
+                counted: false,
+                after: Vec::new(),
+                offset: u64::MAX,
+            });
+        }
+    }
+
+    pub(super) fn send_ack(&mut self, ack: Owed, code: u8) {
+        match ack {
+            Owed::Nothing => {}
+            Owed::PubAck(pid) => self.encode_ack(Packet::PubAck(PubResp::new(pid, code))),
+            Owed::PubRec(pid) => self.encode_ack(Packet::PubRec(PubResp::new(pid, code))),
+        }
+    }
+
+    /// Append an accepted PUBLISH to the log. It is delivered and acknowledged once durable
+    /// ([`Conn::process_completions`]); a QoS 0 message that is not retained and has nothing
+    /// queued before it is delivered at once (nothing depends on its durability).
+    pub(super) fn accept(&mut self, topic: Arc<str>, p: Publish, ack: Owed) -> Result<(), Close> {
+        use lanemq_lite::engine::Classified;
+        let lane = match self.broker.lite.engine.classify(&topic) {
+            Classified::Plain => None,
+            Classified::Lane { parent, key } => Some((parent, key)),
+            Classified::Refused { code, why } => {
+                // Key too long (0x90) or the parent's lane quota (0x97): not accepted.
+                self.broker
+                    .lite
+                    .engine
+                    .counters
+                    .publish_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(topic = %topic, %why, "publish refused by the lite layer");
+                if p.qos == QoS::ExactlyOnce {
+                    self.session.lock().inbound_qos2.remove(&p.packet_id);
+                }
+                if ack == Owed::Nothing {
+                    self.broker
+                        .stats
+                        .messages_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                } else if self.version.is_v5() {
+                    self.queue_ack(ack, code);
+                } else {
+                    // 3.1.1 has no reason codes: the PUBACK cannot say it; the message is
+                    // dropped and counted.
+                    self.broker
+                        .stats
+                        .messages_dropped
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.queue_ack(ack, rc::SUCCESS);
+                }
+                return Ok(());
+            }
+        };
+        let persist = self.broker.persist.clone();
+        // QoS 0 with nothing queued before it is delivered at once (a retained one updates
+        // the retained table at once too; its index entry waits until the record is durable).
+        let fast = ack == Owed::Nothing && self.pending.is_empty();
+        let retain = p.retain;
+        if self.pending.is_empty() {
+            self.low
+                .store(persist.store.next_offset(), Ordering::SeqCst);
+        }
+        let mut msg = Message::new(
+            topic,
+            p.payload,
+            p.qos,
+            p.retain,
+            p.properties,
+            self.client_id.clone(),
+        );
+        msg.username = self.username.clone();
+        msg.in_lane = lane.is_some();
+        let pid = (p.qos == QoS::ExactlyOnce).then_some(p.packet_id);
+        let rec = crate::persist::record_in(&msg, pid);
+        let cb: lanemq_store::Callback = if fast && !retain {
+            Box::new(|_| {})
+        } else {
+            let c = self.completions.clone();
+            Box::new(move |r| {
+                match r {
+                    Ok(_) => {
+                        c.ok.fetch_add(1, Ordering::Release);
+                    }
+                    Err(_) => c.failed.store(true, Ordering::Release),
+                }
+                c.waker.notify_one();
+            })
+        };
+        let appended = match &lane {
+            Some((parent, key)) => self.broker.append_lane(rec, cb, *parent, key),
+            None => self.broker.append_plain(rec, cb),
+        };
+        match appended {
+            Ok(offset) => msg.offset = offset,
+            Err(e) => {
+                warn!(error = %e, "cannot store a message: closing the connection unacknowledged");
+                return Err(Close::error(rc::UNSPECIFIED_ERROR));
+            }
+        }
+        let offset = msg.offset;
+        let msg = Arc::new(msg);
+        if fast && !retain {
+            self.deliver(msg, None);
+            self.low.store(u64::MAX, Ordering::SeqCst);
+        } else if fast {
+            let mut after = Vec::new();
+            self.deliver(msg, Some(&mut after));
+            self.pending.push_back(PendingPub {
+                msg: None,
+                ack,
+                code: rc::SUCCESS,
+                counted: true,
+                after,
+                offset,
+            });
+        } else {
+            self.pending.push_back(PendingPub {
+                msg: Some(msg),
+                ack,
+                code: rc::SUCCESS,
+                counted: true,
+                after: Vec::new(),
+                offset,
+            });
+        }
+        Ok(())
+    }
+
+    /// Deliver a stored message; returns the PUBACK/PUBREC code.
+    pub(super) fn deliver(&mut self, msg: Arc<Message>, deferred: Option<&mut Vec<Op>>) -> u8 {
+        self.broker.stats.received(&msg);
+        // 0x10 only tells a publisher nobody got it; a retained message is kept for later.
+        let kept = (msg.retain && !msg.payload.is_empty()) || msg.in_lane;
+        let in_lane = msg.in_lane;
+        let ingested = self.broker.deliver_with(msg, deferred);
+        self.broker.stats.routed(&ingested, in_lane);
+        if ingested.matched || kept || !self.version.is_v5() {
+            rc::SUCCESS
+        } else {
+            rc::NO_MATCHING_SUBSCRIBERS
+        }
+    }
+
+    /// Deliver and acknowledge the messages the store has made durable, in order.
+    pub(super) fn process_completions(&mut self) -> Result<(), Close> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let ok = self.completions.ok.load(Ordering::Acquire);
+        let mut durable = false;
+        while let Some(front) = self.pending.front() {
+            if front.counted {
+                if self.completed >= ok {
+                    break;
+                }
+                self.completed += 1;
+            }
+            let Some(e) = self.pending.pop_front() else {
+                break;
+            };
+            for op in e.after {
+                self.broker.persist.submit(op);
+            }
+            let mut code = e.code;
+            if let Some(msg) = e.msg {
+                let offset = msg.offset;
+                durable = true;
+                code = self.deliver(msg, None);
+                if let (Owed::PubRec(pid), true) = (e.ack, self.persistent()) {
+                    self.broker.persist.submit(Op::InboundAdd {
+                        client: self.client_id.clone(),
+                        pid,
+                        offset,
+                    });
+                }
+            }
+            self.send_ack(e.ack, code);
+        }
+        if durable {
+            // New records are committed: the stream indexer picks them up now.
+            self.broker.streams.poke();
+            self.broker.lite.poke();
+        }
+        let low = self
+            .pending
+            .iter()
+            .find_map(|e| e.counted.then_some(e.offset))
+            .unwrap_or(u64::MAX);
+        self.low.store(low, Ordering::SeqCst);
+        if self.completions.failed.load(Ordering::Acquire) && self.pending.iter().any(|e| e.counted)
+        {
+            warn!("the log refused a write: closing the connection unacknowledged");
+            return Err(Close::error(rc::UNSPECIFIED_ERROR));
+        }
+        Ok(())
+    }
+}

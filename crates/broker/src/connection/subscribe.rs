@@ -1,0 +1,454 @@
+//! SUBSCRIBE and UNSUBSCRIBE: options, ACL, shared and lane groups, retained messages, and
+//! `$stream/` subscriptions (binding to a stream, auto-create, the feeder).
+
+use super::*;
+
+impl Conn {
+    pub(super) fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
+        let v5 = self.version.is_v5();
+        let broker = self.broker.clone();
+        let cfg = &broker.config.mqtt;
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut retained: Vec<Delivery> = Vec::new();
+        let mut sub_ticket = None;
+        let mut reasons: Vec<String> = Vec::new();
+        for f in &s.filters {
+            let (group, inner) = match topic::parse_shared(&f.filter) {
+                Ok(Some(sh)) => (Some(sh.group), sh.filter),
+                Ok(None) => (None, f.filter.as_str()),
+                Err(_) => {
+                    codes.push(if v5 {
+                        rc::TOPIC_FILTER_INVALID
+                    } else {
+                        rc::UNSPECIFIED_ERROR
+                    });
+                    continue;
+                }
+            };
+            if group.is_some() && f.options.no_local {
+                // [MQTT-3.8.3-4]
+                return Err(Close::error(rc::PROTOCOL_ERROR));
+            }
+            if !topic::valid_filter(inner) {
+                codes.push(if v5 {
+                    rc::TOPIC_FILTER_INVALID
+                } else {
+                    rc::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
+            if !self.allowed(Action::Subscribe, &f.filter) {
+                codes.push(if v5 {
+                    rc::NOT_AUTHORIZED
+                } else {
+                    rc::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
+            if lanemq_streams::subscribe::is_stream_filter(inner) {
+                let code = if group.is_some() {
+                    reasons.push(format!(
+                        "{}: stream subscriptions cannot be shared",
+                        f.filter
+                    ));
+                    if v5 {
+                        rc::SHARED_SUBSCRIPTIONS_NOT_SUPPORTED
+                    } else {
+                        rc::UNSPECIFIED_ERROR
+                    }
+                } else {
+                    let (code, t) = self.subscribe_stream(
+                        &f.filter,
+                        f.options,
+                        s.properties.subscription_identifier,
+                        &s.properties.user_properties,
+                        &mut reasons,
+                    );
+                    if t.is_some() {
+                        sub_ticket = t;
+                    }
+                    code
+                };
+                codes.push(code);
+                continue;
+            }
+            let denied = cfg
+                .deny_subscribe
+                .iter()
+                .any(|d| d == inner || (!topic::has_wildcards(inner) && topic::matches(d, inner)));
+            if denied {
+                codes.push(if v5 {
+                    cfg.deny_subscribe_reason_code
+                } else {
+                    rc::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
+            let qos =
+                QoS::from_u8(f.options.qos.as_u8().min(cfg.maximum_qos)).unwrap_or(QoS::AtMostOnce);
+            let mut options = f.options;
+            options.qos = qos;
+            let sub_id = s.properties.subscription_identifier;
+            if let Some((parent, sel)) = self.broker.lite.lane_filter(inner) {
+                use crate::lite::Start;
+                let next = self.broker.persist.store.next_offset();
+                let start = match Start::from_user_properties(&s.properties.user_properties, next) {
+                    Ok(st) => st,
+                    Err(why) => {
+                        reasons.push(format!("{}: {why}", f.filter));
+                        codes.push(if v5 {
+                            rc::IMPLEMENTATION_SPECIFIC_ERROR
+                        } else {
+                            rc::UNSPECIFIED_ERROR
+                        });
+                        continue;
+                    }
+                };
+                let one = matches!(sel, lanemq_lite::LaneSel::One(_));
+                if group.is_some() || (start.is_some() && one) {
+                    // A lane group (or a private replay of one lane): QoS at most 1
+                    // [MQTT-4.8.2-5 would strand a lane at QoS 2], never in the router.
+                    let qos = qos.min(QoS::AtLeastOnce);
+                    options.qos = qos;
+                    self.session
+                        .lock()
+                        .subscriptions
+                        .insert(f.filter.clone(), Subscription { options, sub_id });
+                    self.broker
+                        .lite
+                        .send(crate::lite::Event::Join(Box::new(crate::lite::Join {
+                            session: self.session.clone(),
+                            filter: f.filter.clone(),
+                            group: group.map(str::to_string),
+                            parent,
+                            sel,
+                            inner: inner.to_string(),
+                            qos,
+                            sub_id,
+                            start,
+                            stored: group.is_some() || self.persistent(),
+                        })));
+                    if self.persistent() {
+                        // A private replay is stored too, flagged: it is restored with its
+                        // session and goes on from its stored position.
+                        let mut value = crate::sub_codec::encode_sub(&options, sub_id);
+                        if group.is_none() {
+                            value[1] |= crate::sub_codec::SUB_FLAG_LANE_REPLAY;
+                        }
+                        let t = self.broker.persist.submit(Op::SubPut {
+                            client: self.client_id.clone(),
+                            filter: f.filter.clone(),
+                            value,
+                        });
+                        sub_ticket = Some(t);
+                    }
+                    codes.push(qos.as_u8());
+                    continue;
+                }
+            }
+            let existed = self
+                .session
+                .lock()
+                .subscriptions
+                .insert(f.filter.clone(), Subscription { options, sub_id })
+                .is_some();
+            let send_retained = group.is_none()
+                && (options.retain_handling == 0 || (options.retain_handling == 1 && !existed));
+            let matching = self.broker.add_subscription_retained(
+                &self.session,
+                &f.filter,
+                Subscriber {
+                    session: self.session.clone(),
+                    options,
+                    sub_id,
+                },
+                send_retained,
+            );
+            if self.persistent() {
+                let t = self.broker.persist.submit(Op::SubPut {
+                    client: self.client_id.clone(),
+                    filter: f.filter.clone(),
+                    value: crate::sub_codec::encode_sub(&options, sub_id),
+                });
+                sub_ticket = Some(t);
+            }
+            codes.push(qos.as_u8());
+            for m in matching {
+                let q = m.qos.min(qos);
+                retained.push(Delivery {
+                    msg: m,
+                    qos: q,
+                    retain: true,
+                    sub_ids: sub_id.into_iter().collect(),
+                    share: None,
+                    seq: 0,
+                    stream: None,
+                    lane: None,
+                });
+            }
+        }
+        if let Some(t) = sub_ticket {
+            // SUBACK once the subscription is durable.
+            self.barrier(t);
+        }
+        let mut properties = AckProperties::default();
+        if !reasons.is_empty() {
+            properties.reason_string = Some(reasons.join("; "));
+        }
+        self.encode_ack(Packet::SubAck(SubAck {
+            packet_id: s.packet_id,
+            reason_codes: codes,
+            properties,
+        }));
+        for d in retained {
+            self.session.push(d, Some(&self.broker.persist));
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_unsubscribe(&mut self, u: Unsubscribe) {
+        let mut codes = Vec::with_capacity(u.filters.len());
+        for f in &u.filters {
+            let stream_sub = self.session.lock().stream_subs.remove(f);
+            if let Some(sub) = stream_sub {
+                sub.end();
+                if let Some(j) = self.feeders.remove(f) {
+                    j.abort();
+                }
+                if self.persistent() {
+                    let t = self.broker.persist.submit(Op::StreamSubRemove {
+                        client: self.client_id.clone(),
+                        filter: f.clone(),
+                    });
+                    self.barrier(t);
+                }
+                codes.push(rc::SUCCESS);
+                continue;
+            }
+            let had = self.session.lock().subscriptions.remove(f).is_some();
+            if had {
+                self.broker.remove_subscription(&self.session, f);
+                if self.persistent() {
+                    let t = self.broker.persist.submit(Op::SubRemove {
+                        client: self.client_id.clone(),
+                        filter: f.clone(),
+                    });
+                    self.barrier(t);
+                }
+            }
+            codes.push(if had {
+                rc::SUCCESS
+            } else {
+                rc::NO_SUBSCRIPTION_EXISTED
+            });
+        }
+        self.encode_ack(Packet::UnsubAck(UnsubAck {
+            packet_id: u.packet_id,
+            reason_codes: codes,
+            properties: Default::default(),
+        }));
+    }
+
+    pub(super) fn start_feeder(&mut self, sub: Arc<StreamSub>) {
+        let filter = sub.filter.clone();
+        let j = crate::streams::spawn_feeder(
+            self.broker.streams.clone(),
+            self.broker.persist.clone(),
+            self.session.clone(),
+            sub,
+            self.generation,
+        );
+        if let Some(old) = self.feeders.insert(filter, j) {
+            old.abort();
+        }
+    }
+
+    /// SUBSCRIBE to `$stream/<name>[/<filter>]` or `$s/<offset>/<filter>` (already authorized
+    /// on the full filter). Returns the SUBACK code and the ticket of the persisted
+    /// subscription; failures add a reason to `reasons`.
+    pub(super) fn subscribe_stream(
+        &mut self,
+        filter: &str,
+        mut options: lanemq_protocol::SubscriptionOptions,
+        sub_id: Option<u32>,
+        user_properties: &[(String, String)],
+        reasons: &mut Vec<String>,
+    ) -> (u8, Option<u64>) {
+        use lanemq_streams::subscribe::{offset_from_user_properties, parse_topic, StartFrom};
+        use lanemq_streams::{StreamDef, StreamError};
+        let v5 = self.version.is_v5();
+        let mut fail = |code: u8, why: String| {
+            reasons.push(format!("{filter}: {why}"));
+            (if v5 { code } else { rc::UNSPECIFIED_ERROR }, None)
+        };
+        if !v5 {
+            return fail(
+                rc::UNSPECIFIED_ERROR,
+                "stream subscriptions need MQTT 5".into(),
+            );
+        }
+        let engine = self.broker.streams.clone();
+        if !engine.is_enabled() {
+            return fail(
+                rc::IMPLEMENTATION_SPECIFIC_ERROR,
+                "streams are disabled (streams_config.enable = false)".into(),
+            );
+        }
+        let t = match parse_topic(filter) {
+            Ok(t) => t,
+            Err(e) => return fail(rc::TOPIC_FILTER_INVALID, e.0),
+        };
+        let start = match t.start {
+            Some(s) => s,
+            None => match offset_from_user_properties(user_properties) {
+                Ok(s) => s.unwrap_or(StartFrom::Latest),
+                Err(e) => return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, e.0),
+            },
+        };
+        let mut handle = engine.lookup(&t.name);
+        let mut pending_note = None;
+        let mismatch = |h: &lanemq_streams::engine::StreamHandle| {
+            h.filter_mismatch(t.filter.as_deref()).map(|captures| {
+                format!(
+                    "stream_bound_to_different_topic_filter: stream {:?} captures {captures:?}",
+                    t.name
+                )
+            })
+        };
+        if let Some(reason) = handle.as_deref().and_then(mismatch) {
+            return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, reason);
+        }
+        match (&handle, &t.filter) {
+            (None, Some(flt)) => {
+                let settings = engine.settings();
+                let lastvalue = settings.auto_create.lastvalue.clone();
+                if lastvalue.is_none() && !settings.auto_create.regular {
+                    pending_note = Some(format!(
+                        "stream {:?} does not exist (auto-create is off); the subscription \
+                         starts when it is created",
+                        t.name
+                    ));
+                } else {
+                    // Auto-create: `create` on the stream and `subscribe` on its filter.
+                    if !self.allowed_auto_create(filter) {
+                        return fail(
+                            rc::NOT_AUTHORIZED,
+                            format!(
+                                "not authorized to create stream {:?} capturing {flt:?}",
+                                t.name
+                            ),
+                        );
+                    }
+                    let mut def = StreamDef::new(&t.name, flt);
+                    match lastvalue {
+                        Some(lv) => {
+                            def.is_lastvalue = true;
+                            def.key_expression = lv.key_expression;
+                        }
+                        None => {
+                            def.data_retention_period = settings.regular_stream_retention_period
+                        }
+                    }
+                    let legacy = t.legacy;
+                    let e = engine.clone();
+                    let created = tokio::task::block_in_place(move || {
+                        if legacy {
+                            e.create_internal(def)
+                        } else {
+                            e.create(def)
+                        }
+                    });
+                    match created {
+                        Ok(_) | Err(StreamError::AlreadyExists(_)) => {
+                            handle = engine.lookup(&t.name);
+                            if let Some(reason) = handle.as_deref().and_then(mismatch) {
+                                return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, reason);
+                            }
+                        }
+                        Err(e @ StreamError::MaxStreamCount(_)) => {
+                            return fail(rc::QUOTA_EXCEEDED, e.to_string())
+                        }
+                        Err(e @ StreamError::Invalid(_)) => {
+                            return fail(rc::TOPIC_FILTER_INVALID, e.to_string())
+                        }
+                        Err(e) => return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, e.to_string()),
+                    }
+                }
+            }
+            (None, None) => {
+                pending_note = Some(format!(
+                    "stream {:?} does not exist yet; the subscription starts when it is created",
+                    t.name
+                ));
+            }
+            _ => {}
+        }
+        let cfg = &self.broker.config.mqtt;
+        options.qos =
+            QoS::from_u8(options.qos.as_u8().min(cfg.maximum_qos)).unwrap_or(QoS::AtMostOnce);
+        // The same SUBSCRIBE again (mosquitto_sub -c re-subscribes on every run) keeps the
+        // subscription and its position: a persistent session resumes after its last ack.
+        let existing = self.session.lock().stream_subs.get(filter).cloned();
+        if let Some(old) = &existing {
+            if !old.is_ended()
+                && old.start == start
+                && old.options == options
+                && old.sub_id == sub_id
+            {
+                if let Some(note) = pending_note {
+                    reasons.push(format!("{filter}: {note}"));
+                }
+                if self.feeders.get(filter).is_none_or(|j| j.is_finished()) {
+                    self.start_feeder(old.clone());
+                }
+                return (options.qos.as_u8(), None);
+            }
+        }
+        let sub = StreamSub::new(filter.to_string(), t.name.clone(), options, sub_id, start);
+        if let Some(h) = &handle {
+            let e = engine.clone();
+            tokio::task::block_in_place(|| sub.bind_now(&e, h));
+        }
+        if let Some(note) = pending_note {
+            reasons.push(format!("{filter}: {note}"));
+        }
+        let old = self
+            .session
+            .lock()
+            .stream_subs
+            .insert(filter.to_string(), sub.clone());
+        if let Some(old) = old {
+            old.end();
+            // What the replaced subscription queued and did not send yet is dropped (it was
+            // never delivered); the new one reads from its own start.
+            self.session.drop_queued_stream(&old);
+        }
+        let ticket = self.persistent().then(|| {
+            self.broker.persist.submit(Op::StreamSubPut {
+                client: self.client_id.clone(),
+                filter: filter.to_string(),
+                value: sub.stored().encode(),
+            })
+        });
+        self.start_feeder(sub);
+        (options.qos.as_u8(), ticket)
+    }
+
+    /// May this client auto-create the stream of `filter` (`create` on the stream name and
+    /// `subscribe` on the filter the new stream would capture)?
+    pub(super) fn allowed_auto_create(&self, filter: &str) -> bool {
+        let auth = self.broker.auth();
+        let req = Request {
+            username: self.username.as_deref(),
+            client_id: &self.client_id,
+            ip: self.peer.ip(),
+            action: Action::Subscribe,
+            topic: filter,
+        };
+        let d = auth.acl.check_subscribe(&req, true);
+        if !d.allowed {
+            debug!(topic = filter, decision = %d, "ACL denied stream auto-create");
+        }
+        d.allowed
+    }
+}
