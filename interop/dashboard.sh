@@ -20,10 +20,6 @@ DIR="$INTEROP_ROOT/interop/dashboard"
 CHROMIUM=/usr/bin/chromium
 require_mosquitto_clients
 
-apt_install() {
-  echo "installing $* (Debian)" >&2
-  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"; } >&2
-}
 if [ ! -x "$CHROMIUM" ]; then
   apt_install chromium || { echo "cannot install chromium" >&2; exit 2; }
 fi

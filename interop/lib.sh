@@ -22,6 +22,21 @@ BROKER_PID=""
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-interop.XXXXXX")
 
 # Exit 2 unless mosquitto_pub and mosquitto_sub are installed.
+# apt_install [APT-OPTION...] PKG...: Debian packages, for scripts that install what they need;
+# a package's service is not started (a temporary policy-rc.d), output goes to stderr.
+apt_install() {
+  echo "installing $* (Debian)" >&2
+  local made_policy=0 rc
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d &&
+      made_policy=1
+  fi
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@"; } >&2
+  rc=$?
+  if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
+  return "$rc"
+}
+
 require_mosquitto_clients() {
   local tool
   for tool in mosquitto_sub mosquitto_pub; do

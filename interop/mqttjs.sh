@@ -15,9 +15,7 @@ source "$(dirname "$0")/lib.sh"
 DIR="$INTEROP_ROOT/interop/mqttjs"
 
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "installing nodejs and npm (Debian)" >&2
-  { apt-get update -q && apt-get install -y -q nodejs npm; } >&2 ||
-    { echo "cannot install nodejs/npm" >&2; exit 2; }
+  apt_install nodejs npm || { echo "cannot install nodejs/npm" >&2; exit 2; }
 fi
 major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 if [ "$major" -lt 16 ]; then

@@ -37,20 +37,6 @@ if [ "$INTEROP_BROKER" != lanemq ]; then
   exit 0
 fi
 
-# apt_install PKG...: Debian packages; a package's service is not started (policy-rc.d).
-apt_install() {
-  echo "installing $* (Debian)" >&2
-  local made_policy=0 rc
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d &&
-      made_policy=1
-  fi
-  { apt-get update -q &&
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"; } >&2
-  rc=$?
-  if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
-  return "$rc"
-}
 need=()
 command -v curl >/dev/null || need+=(curl)
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
@@ -58,7 +44,7 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
 fi
 if [ "${#need[@]}" -gt 0 ]; then
   t=$(date +%s)
-  apt_install "${need[@]}" || { echo "cannot install ${need[*]}" >&2; exit 2; }
+  apt_install --no-install-recommends "${need[@]}" || { echo "cannot install ${need[*]}" >&2; exit 2; }
   echo "installed ${need[*]} in $(($(date +%s) - t)) s"
   T0=$(date +%s)
 fi
