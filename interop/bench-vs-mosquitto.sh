@@ -1,10 +1,47 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark: lanemq vs Debian's mosquitto, same load generator
+# Side-by-side benchmark: lanemq vs Debian's mosquitto (and, on request, two more peers:
+# Debian's nats-server and rumqttd from crates.io), same load generator
 # (target/release/lanemq-bench), same machine, runs ALTERNATING per round
-# (mosquitto lanemq mosquitto lanemq ...) so drifting machine load hits both.
+# (mosquitto lanemq mosquitto lanemq ...) so drifting machine load hits all alike.
 #
 # Every broker run gets a fresh broker process on a free 127.0.0.1 port; the
-# generator samples its RSS from /proc. All traffic stays on loopback.
+# generator samples its RSS from /proc (the broker process itself, never a wrapper).
+# All traffic stays on loopback.
+#
+# Peers and the MQTT version each is driven with (lanemq-bench --mqtt-version):
+#   mosquitto  MQTT 5    Debian's mosquitto (apt-get when missing)
+#   lanemq     MQTT 5    target/release/lanemq
+#   nats       MQTT 3.1.1  Debian's nats-server (2.9.x; apt-get when missing): its MQTT listener
+#                     speaks 3.1.1 only and has QoS 0/1 only (a scenario with QoS 2 would be
+#                     skipped for it, with the reason printed; so are slow_consumer_*, see
+#                     NATS_STUCK_FILTER). MQTT needs JetStream and a server_name,
+#                     so each run writes a config into its temp dir: server_name, listen
+#                     127.0.0.1:PORT2 (NATS clients, unused), jetstream { store_dir TMP },
+#                     mqtt { listen 127.0.0.1:PORT, max_ack_pending 1024 (its default: QoS 1
+#                     deliveries in flight per subscription), ack_wait 30s (default; redelivery
+#                     only), consumer_memory_storage true (the MQTT consumers' state in memory,
+#                     the nearest it has to mosquitto's `persistence false`; the message
+#                     stream stays file-backed in TMP) }; in the throughput scenarios also
+#                     max_pending 1GB and write_deadline 60s (no slow-consumer cut of a
+#                     subscriber that is only behind, as mosquitto gets unlimited queues);
+#                     slow_consumer_* keep nats' defaults (64 MB, 10 s): its own policy.
+#   rumqttd    MQTT 3.1.1  rumqttd $RUMQTTD_VERSION from crates.io, installed with
+#                     `cargo install rumqttd --version $RUMQTTD_VERSION --root target/peers`
+#                     when target/peers/bin/rumqttd is missing (a benchmark peer, not a
+#                     dependency of the project; ~12 min on 2 busy cores). Its README calls MQTT
+#                     3.1.1 supported and MQTT 5 upcoming (the v5 listener is partial), so it
+#                     is driven with 3.1.1 (its [v4] listener) in every scenario
+#                     (RUMQTTD_MQTT=5: its [v5] listener instead). Config (TOML, -c): one
+#                     listener on 127.0.0.1:PORT, next_connection_delay_ms 0 (sample: 1, an
+#                     accept throttle), connection_timeout_ms 60000, max_payload_size 1 MiB,
+#                     max_inflight_count 500 (in 0.20 this is the packets read per socket
+#                     batch, the value of its sample ws listener; its QoS 1 window towards a
+#                     subscriber is a fixed 100 = default INFLIGHT); router: max_connections
+#                     IDLE_CONNS + 1024, max_outgoing_packet_count 200 (sample), and the
+#                     in-memory commit log per topic max_segment_size 100 MB x
+#                     max_segment_count 50 in the throughput scenarios (nothing falls off
+#                     the log during a run, as mosquitto gets unlimited queues) and its
+#                     sample's 100 MB x 10 in slow_consumer_* (its own policy).
 #
 # Environment:
 #   ROUNDS=3          rounds per scenario (median is reported)
@@ -19,7 +56,8 @@
 #                     possible plus one persistent QoS 1 subscriber on '#' that never reads).
 #                     In slow_consumer_* mosquitto runs with its default queue limits.
 #   SLOW_RATE=100000  offered rate of rate_q0 / slow_consumer_q0
-#   BROKERS="mosquitto lanemq"
+#   BROKERS="mosquitto lanemq"  any of: mosquitto nats rumqttd lanemq, in the order they
+#                     alternate, e.g. BROKERS="mosquitto nats rumqttd lanemq"
 #   RESULTS=target/bench-results/<timestamp>   where the JSON goes
 #   BENCH_DATA=docs/bench-data  family data files written from RESULTS ("" = none)
 #   CHARTS=docs/charts  one chart per family, FAMILY.svg ("" = no charts); plotting runs in
@@ -34,7 +72,13 @@
 #                     throughput scenarios and true for latency_q0 (Nagle +
 #                     delayed ACK adds ~10 ms there), i.e. its best config per
 #                     scenario; or force true / false
-#   SKIP_BUILD=1      do not run cargo build
+#   NATS_SERVER=nats-server   (found on PATH or /usr/sbin; apt-get install nats-server if missing)
+#   NATS_STUCK_FILTER=  nats skips slow_consumer_* (their stuck subscriber is on '#', and
+#                     nats-server 2.9 delivers its own $MQTT/sess/... records to '#', before
+#                     the SUBACK, which the generator rejects); e.g. 'lanemq-bench/#' (the
+#                     generator's topic prefix: the same messages) runs nats with that filter
+#   RUMQTTD=target/peers/bin/rumqttd   RUMQTTD_VERSION=0.20.0   RUMQTTD_MQTT=3 (or 5)
+#   SKIP_BUILD=1      do not run cargo build (rumqttd is still installed when missing)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -53,6 +97,11 @@ CHARTS=${CHARTS-$ROOT/docs/charts}
 SVG=${SVG-}
 MOSQUITTO=${MOSQUITTO:-/usr/sbin/mosquitto}
 MOSQ_NODELAY=${MOSQ_NODELAY:-auto}
+NATS_SERVER=${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}
+RUMQTTD=${RUMQTTD:-$ROOT/target/peers/bin/rumqttd}
+RUMQTTD_VERSION=${RUMQTTD_VERSION:-0.20.0}
+RUMQTTD_MQTT=${RUMQTTD_MQTT:-3}
+NATS_STUCK_FILTER=${NATS_STUCK_FILTER:-}
 BENCH=$ROOT/target/release/lanemq-bench
 LANEMQ_BIN=$ROOT/target/release/lanemq
 
@@ -84,6 +133,39 @@ fi
 # The Debian package starts a system instance on :1883; we never use it.
 command -v systemctl >/dev/null && systemctl stop mosquitto >/dev/null 2>&1 || true
 
+# The optional peers, set up only when BROKERS names them; one that cannot be set up is
+# skipped for the whole run with the reason (like lanemq without a binary).
+declare -A SKIP_BROKER=()
+wants() { [[ " $BROKERS " == *" $1 "* ]]; }
+for b in $BROKERS; do
+    case $b in
+    mosquitto | nats | rumqttd | lanemq) ;;
+    *) SKIP_BROKER[$b]="unknown broker (mosquitto, nats, rumqttd, lanemq)" ;;
+    esac
+done
+if wants nats && [[ ! -x $NATS_SERVER ]]; then
+    # apt_install from interop/lib.sh (Debian packages, no service started). lib.sh is sourced
+    # in a subshell only to take that function: its temp dir and traps stay in the subshell.
+    eval "$(KEEP_TMP=0 bash -c 'source "$1" >/dev/null 2>&1; declare -f apt_install' _ "$ROOT/interop/lib.sh")"
+    if ((EUID == 0)); then
+        apt_install nats-server || true
+    elif command -v sudo >/dev/null; then
+        sudo bash -c "$(declare -f apt_install); apt_install nats-server" || true
+    fi
+    NATS_SERVER=$(command -v nats-server || echo /usr/sbin/nats-server)
+    [[ -x $NATS_SERVER ]] || SKIP_BROKER[nats]="nats-server is not installed and apt-get install nats-server failed"
+fi
+if wants rumqttd && [[ ! -x $RUMQTTD ]]; then
+    # Not --locked: rumqttd 0.20.0's lock file pins metrics 0.22.1, which current rustc rejects
+    # (E0521); the semver-compatible metrics 0.22.4 builds. Run outside the workspace.
+    log "installing rumqttd $RUMQTTD_VERSION from crates.io into target/peers (a few minutes)"
+    if ! (cd "$TMP" && cargo install rumqttd --version "$RUMQTTD_VERSION" --root "$ROOT/target/peers") >&2; then
+        log "cargo install rumqttd failed"
+    fi
+    [[ -x $RUMQTTD ]] || SKIP_BROKER[rumqttd]="$RUMQTTD is missing and cargo install rumqttd failed"
+fi
+for b in "${!SKIP_BROKER[@]}"; do log "SKIP $b: ${SKIP_BROKER[$b]}"; done
+
 # Idle connections need one fd each on both sides.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 NOFILE=$(ulimit -n)
@@ -92,15 +174,13 @@ if [[ $NOFILE != unlimited ]] && ((NOFILE < IDLE_CONNS + 512)); then
     IDLE_CONNS=$((NOFILE - 512))
 fi
 
-LANEMQ_OK=1
 if [[ -z ${LANEMQ_CMD:-} ]]; then
     if [[ ! -x $LANEMQ_BIN ]]; then
-        log "SKIP lanemq: $LANEMQ_BIN does not exist"
-        LANEMQ_OK=0
+        SKIP_BROKER[lanemq]="$LANEMQ_BIN does not exist"
     elif ! timeout 10 "$LANEMQ_BIN" serve --help 2>&1 | grep -q -- '--mqtt'; then
-        log "SKIP lanemq: '$LANEMQ_BIN serve --help' does not offer --mqtt (no serve subcommand yet)"
-        LANEMQ_OK=0
+        SKIP_BROKER[lanemq]="'$LANEMQ_BIN serve --help' does not offer --mqtt (no serve subcommand yet)"
     fi
+    [[ -z ${SKIP_BROKER[lanemq]:-} ]] || log "SKIP lanemq: ${SKIP_BROKER[lanemq]}"
     LANEMQ_CMD="$LANEMQ_BIN serve --mqtt 127.0.0.1:{PORT} --data-dir {DATA}"
 fi
 
@@ -111,6 +191,8 @@ mkdir -p "$RESULTS"
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
     echo "kernel: $(uname -r)"
     echo "mosquitto: $("$MOSQUITTO" -h 2>/dev/null | head -1 || true)"
+    if wants nats && [[ -x $NATS_SERVER ]]; then echo "nats-server: $("$NATS_SERVER" --version 2>&1 | head -1)"; fi
+    if wants rumqttd && [[ -x $RUMQTTD ]]; then echo "rumqttd: $("$RUMQTTD" --version 2>&1 | head -1)"; fi
     echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
     echo "rounds: $ROUNDS duration: $DURATION warmup: $WARMUP inflight: $INFLIGHT idle: $IDLE_CONNS"
 } >"$RESULTS/machine.txt"
@@ -188,11 +270,63 @@ log_dest file $dir/mosquitto.log
 EOF
         "$MOSQUITTO" -c "$dir/mosquitto.conf" >"$dir/stdout.log" 2>&1 &
         ;;
+    nats)
+        # MQTT in nats-server needs JetStream and a server_name (see the header for the settings).
+        local limits="max_pending: 1GB
+write_deadline: \"60s\""
+        [[ $2 == slow_consumer_* ]] && limits="# default max_pending (64 MB) and write_deadline"
+        cat >"$dir/nats.conf" <<EOF
+server_name: lanemq-bench
+listen: 127.0.0.1:$(free_port)
+$limits
+jetstream {
+  store_dir: "$dir/data"
+}
+mqtt {
+  listen: 127.0.0.1:$PORT
+  max_ack_pending: 1024
+  ack_wait: "30s"
+  consumer_memory_storage: true
+}
+EOF
+        "$NATS_SERVER" -c "$dir/nats.conf" >"$dir/stdout.log" 2>&1 &
+        ;;
+    rumqttd)
+        # rumqttd's TOML (its rumqttd.toml sample); see the header for the settings.
+        local segs=50 listener=v4
+        [[ $2 == slow_consumer_* ]] && segs=10
+        [[ $RUMQTTD_MQTT == 5 ]] && listener=v5
+        cat >"$dir/rumqttd.toml" <<EOF
+id = 0
+
+[router]
+id = 0
+max_connections = $((IDLE_CONNS + 1024))
+max_outgoing_packet_count = 200
+max_segment_size = 104857600
+max_segment_count = $segs
+
+[$listener.1]
+name = "$listener-1"
+listen = "127.0.0.1:$PORT"
+next_connection_delay_ms = 0
+    [$listener.1.connections]
+    connection_timeout_ms = 60000
+    max_payload_size = 1048576
+    max_inflight_count = 500
+    dynamic_filters = true
+EOF
+        "$RUMQTTD" -q -c "$dir/rumqttd.toml" >"$dir/stdout.log" 2>&1 &
+        ;;
     lanemq)
         local cmd=${LANEMQ_CMD//\{PORT\}/$PORT}
         cmd=${cmd//\{DATA\}/$dir/data}
         # shellcheck disable=SC2086 # word splitting of the command line is intended
         $cmd >"$dir/stdout.log" 2>&1 &
+        ;;
+    *)
+        log "unknown broker '$1' (mosquitto, nats, rumqttd, lanemq)"
+        return 1
         ;;
     esac
     BROKER_PID=$!
@@ -236,13 +370,41 @@ print(int(statistics.median(v) / 2) if v else 0)
 EOF
 }
 
+# broker_args BROKER: generator options of this broker (the MQTT version it is driven with;
+# lanemq-bench's default is MQTT 5)
+broker_args() {
+    case $1 in
+    nats) echo "--mqtt-version 3" ;;
+    rumqttd) echo "--mqtt-version $RUMQTTD_MQTT" ;;
+    esac
+}
+
+# skip_reason SCENARIO BROKER: why BROKER cannot take part in SCENARIO (nothing = it can)
+skip_reason() {
+    local args
+    args=" $(scenario_args "$1") $(broker_args "$2") "
+    if [[ $2 == nats && $args =~ \ --(stuck-)?qos\ 2\  ]]; then
+        echo "nats-server's MQTT has QoS 0 and 1 only"
+    elif [[ $2 == nats && $args == *" --stuck-filter # "* && -z $NATS_STUCK_FILTER ]]; then
+        echo "nats-server 2.9 delivers its own session records (topic \$MQTT/sess/...) to a '#'" \
+            "subscriber, before the SUBACK, which lanemq-bench rejects (NATS_STUCK_FILTER='lanemq-bench/#'" \
+            "runs it with that filter instead)"
+    elif [[ $args == *" --mqtt-version 3 "* && $args == *" --stuck-user-property "* ]]; then
+        echo "the scenario needs MQTT 5 user properties; $2 is driven with MQTT 3.1.1"
+    fi
+}
+
 run_one() { # scenario broker round
     local s=$1 b=$2 r=$3 out="$RESULTS/$1.$2.r$3.json"
     if ! start_broker "$b" "$s"; then
         return 0
     fi
     local args
-    args=$(scenario_args "$s")
+    args="$(scenario_args "$s") $(broker_args "$b")"
+    args=${args% }
+    if [[ $b == nats && -n $NATS_STUCK_FILTER ]]; then
+        args=${args/--stuck-filter \#/--stuck-filter $NATS_STUCK_FILTER}
+    fi
     log "$s $b round $r: lanemq-bench --port $PORT $args (load $(cut -d' ' -f1-3 /proc/loadavg))"
     # shellcheck disable=SC2086
     local rc=0
@@ -264,18 +426,32 @@ for s in $SCENARIOS; do
         fi
         echo "latency_rate: $LAT_RATE" >>"$RESULTS/machine.txt"
     fi
+    runs=""
+    for b in $BROKERS; do
+        [[ -z ${SKIP_BROKER[$b]:-} ]] || continue
+        why=$(skip_reason "$s" "$b")
+        if [[ -n $why ]]; then
+            log "SKIP $s $b: $why"
+            echo "$s $b: $why" >>"$RESULTS/skipped.txt"
+        else
+            runs+=" $b"
+        fi
+    done
     for ((round = 1; round <= ROUNDS; round++)); do
-        for b in $BROKERS; do
-            if [[ $b == lanemq && $LANEMQ_OK == 0 ]]; then continue; fi
+        for b in $runs; do
             run_one "$s" "$b" "$round"
         done
     done
 done
+for b in "${!SKIP_BROKER[@]}"; do echo "all scenarios $b: ${SKIP_BROKER[$b]}" >>"$RESULTS/skipped.txt"; done
 
 write_meta
 # results -> data files -> charts, once into RESULTS and once into docs/ (BENCH_DATA, CHARTS)
 bash "$ROOT/interop/bench-plot.sh" "$RESULTS" --data-out "$RESULTS/data" --out-dir "$RESULTS/charts" \
     ${SVG:+--svg "$SVG"} | tee "$RESULTS/table.txt"
+if [[ -s $RESULTS/skipped.txt ]]; then
+    { echo; echo "skipped (a peer that cannot take part):"; sed 's/^/  /' "$RESULTS/skipped.txt"; } | tee -a "$RESULTS/table.txt"
+fi
 if [[ -n $BENCH_DATA || -n $CHARTS ]]; then
     bash "$ROOT/interop/bench-plot.sh" "$RESULTS" ${BENCH_DATA:+--data-out "$BENCH_DATA"} \
         ${CHARTS:+--out-dir "$CHARTS"} >/dev/null

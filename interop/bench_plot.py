@@ -7,7 +7,9 @@ Two inputs, one pipeline (results -> data JSON -> charts):
   (lanemq-bench --json reports), machine.txt and meta.json (commit, date, load average at start
   and end, rounds). The table of medians (worst round, ratio lanemq/mosquitto) goes to stdout;
   the results are turned into family data files (throughput, latency, memory, slow-consumer)
-  written with --data-out DIR, and charts DIR/FAMILY.svg with --out-dir DIR.
+  written with --data-out DIR, and charts DIR/FAMILY.svg with --out-dir DIR. When the brokers
+  were driven with different MQTT versions (opts.mqtt_version, e.g. nats and rumqttd with 3.1.1),
+  the table and each family's note say which.
 * --data FILE.json (repeatable): a family data file, e.g. docs/bench-data/*.json, which holds
   figures transcribed from docs/benchmarks.md or written by --data-out. Its table goes to
   stdout, its chart to --out-dir DIR/FAMILY.svg.
@@ -42,6 +44,7 @@ import textwrap
 BROKER_COLORS = {
     "mosquitto": "#7f8c8d",
     "lanemq": "#2e86de",
+    "nats": "#27ae60",
     "nats-server": "#27ae60",
     "rumqttd": "#e67e22",
 }
@@ -147,6 +150,21 @@ def fmt_tick(v, unit):
     return m[1] + ("." + frac if frac else "") + m[3]
 
 
+def mqtt_versions(data):
+    """'' when every broker was driven with the same MQTT version (or it is not recorded), else
+    e.g. 'MQTT version driven: mosquitto 5, nats 3.1.1, ...'."""
+    vers = {}
+    for (_s, b), reps in data.items():
+        for r in reps:
+            v = (r.get("opts") or {}).get("mqtt_version")
+            if v is not None:
+                vers.setdefault(b, set()).add("3.1.1" if v in (3, 4) else str(v))
+    if len({v for vs in vers.values() for v in vs}) < 2:
+        return ""
+    driven = [f"{b} {'/'.join(sorted(vers[b]))}" for b in brokers_of(data) if b in vers]
+    return "MQTT version driven: " + ", ".join(driven)
+
+
 def table(data):
     brokers = brokers_of(data)
     cols = [f"{b} median (worst)" for b in brokers]
@@ -184,6 +202,9 @@ def table(data):
         out.append("")
         out.append("problems (! above = some runs reported errors):")
         out.extend(losses)
+    if mqtt_versions(data):
+        out.append("")
+        out.append(mqtt_versions(data))
     return "\n".join(out)
 
 
@@ -229,6 +250,7 @@ def families_from_results(results, data):
         "rounds": meta.get("rounds"),
         "loadavg": meta.get("loadavg"),
         "machine": meta.get("machine"),
+        "note": (mqtt_versions(data) + ".") if mqtt_versions(data) else None,
     }
     base = {k: v for k, v in base.items() if v is not None}
 
