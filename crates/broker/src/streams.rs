@@ -1,5 +1,7 @@
 //! Stream subscriptions (`$stream/<name>`, `$stream/<name>/<filter>`, `$s/<offset>/<filter>`):
-//! the ExtSub-style handler that replays a named stream and then follows it live.
+//! the ExtSub-style handler that replays a named stream and then follows it live. The
+//! SUBSCRIBE policy ([`subscribe`]: start position, binding, auto-create, resubscribe) is
+//! here too; the connection authorizes the full topic first and starts the feeder after.
 //!
 //! A stream subscription never enters the router. Each one is a [`StreamSub`] in its session,
 //! fed by one *feeder* task per connection: the feeder reads the stream index in batches on a
@@ -19,7 +21,7 @@ use crate::message::{Delivery, Message, NOT_STORED};
 use crate::persist::{Op, Persist};
 use crate::session::Session;
 use crate::stream_sub::{StreamSub, StreamTag};
-use lanemq_protocol::QoS;
+use lanemq_protocol::{QoS, SubscriptionOptions};
 use lanemq_streams::engine::{Engine, StreamHandle, StreamReader};
 use lanemq_streams::subscribe::StartFrom;
 use std::sync::atomic::Ordering;
@@ -31,6 +33,8 @@ use tracing::{debug, warn};
 const FEED_BATCH_MAX: usize = 256;
 /// A feeder with nothing to do looks again this often (deleted streams, lost wake-ups).
 const IDLE_RECHECK: Duration = Duration::from_millis(1000);
+/// Longest wait of a new subscription for the stream indexer to reach the log's end.
+const CATCH_UP_MAX: Duration = Duration::from_secs(2);
 
 /// Store a subscription's position if it moved (persistent sessions only).
 pub fn save_position(persist: &Persist, session: &Session, sub: &StreamSub, force: bool) {
@@ -43,6 +47,220 @@ pub fn save_position(persist: &Persist, session: &Session, sub: &StreamSub, forc
             filter: sub.filter.clone(),
             value,
         });
+    }
+}
+
+/// A SUBSCRIBE to a stream topic as the connection received it, already authorized on its
+/// full filter (`$stream/...` is never routed: this module owns it).
+pub struct SubscribeRequest<'a> {
+    /// `$stream/<name>[/<filter>]` or `$s/<offset>/<filter>`.
+    pub filter: &'a str,
+    pub options: SubscriptionOptions,
+    pub sub_id: Option<u32>,
+    /// The SUBSCRIBE's user properties (`stream-offset`).
+    pub user_properties: &'a [(String, String)],
+    /// `mqtt.maximum_qos`: the granted QoS is at most this.
+    pub maximum_qos: u8,
+    /// The session outlives its connection: the subscription is stored.
+    pub persistent: bool,
+}
+
+/// A stream SUBSCRIBE accepted: the connection starts [`spawn_feeder`] for `sub` unless it
+/// was `kept` and its feeder still runs.
+pub struct Subscribed {
+    /// The granted QoS (the SUBACK code).
+    pub qos: u8,
+    pub sub: Arc<StreamSub>,
+    /// The same subscription was already there (mosquitto_sub -c re-subscribes on every run):
+    /// it keeps its position, a persistent session resumes after its last acknowledgement.
+    pub kept: bool,
+    /// For the SUBACK's reason string: why nothing arrives yet (the stream does not exist).
+    pub note: Option<String>,
+    /// The index ticket of the stored subscription (persistent sessions).
+    pub ticket: Option<u64>,
+}
+
+/// A stream SUBSCRIBE refused: the MQTT 5 SUBACK code and the reason string.
+pub struct Refused {
+    pub code: u8,
+    pub why: String,
+}
+
+/// The `$stream/` subscribe policy: parse the topic and the start position (topic or the
+/// `stream-offset` user property), bind to the stream if its filter is the one subscribed,
+/// auto-create it when `streams_config.auto_create` allows and `may_create` (the ACL's
+/// `create` on the name and `subscribe` on the filter) agrees, keep an identical existing
+/// subscription, or replace it and store the new one. Blocking parts (create, the first
+/// index lookup) run under `block_in_place`.
+pub fn subscribe(
+    engine: &Arc<Engine>,
+    persist: &Persist,
+    session: &Session,
+    req: SubscribeRequest<'_>,
+    may_create: impl FnOnce(&str) -> bool,
+) -> Result<Subscribed, Refused> {
+    use lanemq_protocol::reason as rc;
+    use lanemq_streams::subscribe::{offset_from_user_properties, parse_topic};
+    use lanemq_streams::{StreamDef, StreamError};
+    let filter = req.filter;
+    let fail = |code: u8, why: String| Err(Refused { code, why });
+    if !engine.is_enabled() {
+        return fail(
+            rc::IMPLEMENTATION_SPECIFIC_ERROR,
+            "streams are disabled (streams_config.enable = false)".into(),
+        );
+    }
+    let t = match parse_topic(filter) {
+        Ok(t) => t,
+        Err(e) => return fail(rc::TOPIC_FILTER_INVALID, e.0),
+    };
+    let start = match t.start {
+        Some(s) => s,
+        None => match offset_from_user_properties(req.user_properties) {
+            Ok(s) => s.unwrap_or(StartFrom::Latest),
+            Err(e) => return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, e.0),
+        },
+    };
+    let mut handle = engine.lookup(&t.name);
+    let mut note = None;
+    let mismatch = |h: &StreamHandle| {
+        h.filter_mismatch(t.filter.as_deref()).map(|captures| {
+            format!(
+                "stream_bound_to_different_topic_filter: stream {:?} captures {captures:?}",
+                t.name
+            )
+        })
+    };
+    if let Some(reason) = handle.as_deref().and_then(mismatch) {
+        return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, reason);
+    }
+    match (&handle, &t.filter) {
+        (None, Some(flt)) => {
+            let settings = engine.settings();
+            let lastvalue = settings.auto_create.lastvalue.clone();
+            if lastvalue.is_none() && !settings.auto_create.regular {
+                note = Some(format!(
+                    "stream {:?} does not exist (auto-create is off); the subscription \
+                     starts when it is created",
+                    t.name
+                ));
+            } else {
+                // Auto-create: `create` on the stream and `subscribe` on its filter.
+                if !may_create(filter) {
+                    return fail(
+                        rc::NOT_AUTHORIZED,
+                        format!(
+                            "not authorized to create stream {:?} capturing {flt:?}",
+                            t.name
+                        ),
+                    );
+                }
+                let mut def = StreamDef::new(&t.name, flt);
+                match lastvalue {
+                    Some(lv) => {
+                        def.is_lastvalue = true;
+                        def.key_expression = lv.key_expression;
+                    }
+                    None => def.data_retention_period = settings.regular_stream_retention_period,
+                }
+                let legacy = t.legacy;
+                let e = engine.clone();
+                let created = tokio::task::block_in_place(move || {
+                    if legacy {
+                        e.create_internal(def)
+                    } else {
+                        e.create(def)
+                    }
+                });
+                match created {
+                    Ok(_) | Err(StreamError::AlreadyExists(_)) => {
+                        handle = engine.lookup(&t.name);
+                        if let Some(reason) = handle.as_deref().and_then(mismatch) {
+                            return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, reason);
+                        }
+                    }
+                    Err(e @ StreamError::MaxStreamCount(_)) => {
+                        return fail(rc::QUOTA_EXCEEDED, e.to_string())
+                    }
+                    Err(e @ StreamError::Invalid(_)) => {
+                        return fail(rc::TOPIC_FILTER_INVALID, e.to_string())
+                    }
+                    Err(e) => return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, e.to_string()),
+                }
+            }
+        }
+        (None, None) => {
+            note = Some(format!(
+                "stream {:?} does not exist yet; the subscription starts when it is created",
+                t.name
+            ));
+        }
+        _ => {}
+    }
+    let mut options = req.options;
+    options.qos = QoS::from_u8(options.qos.as_u8().min(req.maximum_qos)).unwrap_or(QoS::AtMostOnce);
+    let qos = options.qos.as_u8();
+    let existing = session.lock().stream_subs.get(filter).cloned();
+    if let Some(old) = existing {
+        if !old.is_ended()
+            && old.start == start
+            && old.options == options
+            && old.sub_id == req.sub_id
+        {
+            return Ok(Subscribed {
+                qos,
+                sub: old,
+                kept: true,
+                note,
+                ticket: None,
+            });
+        }
+    }
+    let sub = StreamSub::new(
+        filter.to_string(),
+        t.name.clone(),
+        options,
+        req.sub_id,
+        start,
+    );
+    if let Some(h) = &handle {
+        tokio::task::block_in_place(|| sub.bind_now(engine, h));
+    }
+    let old = session
+        .lock()
+        .stream_subs
+        .insert(filter.to_string(), sub.clone());
+    if let Some(old) = old {
+        old.end();
+        // What the replaced subscription queued and did not send yet is dropped (it was
+        // never delivered); the new one reads from its own start.
+        session.drop_queued_stream(&old);
+    }
+    let ticket = req.persistent.then(|| {
+        persist.submit(Op::StreamSubPut {
+            client: session.client_id.clone(),
+            filter: filter.to_string(),
+            value: sub.stored().encode(),
+        })
+    });
+    Ok(Subscribed {
+        qos,
+        sub,
+        kept: false,
+        note,
+        ticket,
+    })
+}
+
+/// Wait (at most [`CATCH_UP_MAX`]) until the stream indexer has indexed the log below
+/// `offset`. A reader that subscribes right after its PUBACKs then finds those messages in the
+/// history; without it a last-value stream's snapshot could show an older value first and the
+/// newer one as a live update.
+async fn caught_up(engine: &Engine, offset: u64) {
+    let deadline = tokio::time::Instant::now() + CATCH_UP_MAX;
+    while engine.indexed_offset() < offset && tokio::time::Instant::now() < deadline {
+        engine.poke();
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
@@ -98,6 +316,8 @@ async fn feed(
         .ok()
         .and_then(|t| t.filter);
     let mut mismatch_logged = false;
+    // Everything appended before the SUBSCRIBE is in the history it reads (read your writes).
+    let subscribed_at = persist.store.next_offset();
     'bind: loop {
         // Wait for the stream to exist.
         let h = loop {
@@ -158,6 +378,7 @@ async fn feed(
         }
         let _bound = Bound::new(h.clone());
         debug!(stream = %h.name, filter = %sub.filter, "stream subscription bound");
+        caught_up(&engine, subscribed_at).await;
         let mut reader = StreamReader::for_start(sub.lock().next.unwrap_or(0), sub.start);
         loop {
             if !alive(&session, &sub, generation) {

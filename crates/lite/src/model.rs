@@ -82,64 +82,58 @@ impl Default for ParentDef {
     }
 }
 
-/// One field that failed validation, with the reason.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ValidationError {
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for ValidationError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-fn verr(field: &str, message: impl Into<String>) -> ValidationError {
-    ValidationError {
-        field: field.into(),
-        message: message.into(),
-    }
-}
+pub use lanemq_protocol::ValidationError;
 
 impl ParentDef {
     /// Every problem of this definition (empty: valid).
     pub fn validate(&self) -> Vec<ValidationError> {
         let mut e = Vec::new();
         if self.name.is_empty() || self.name.len() > NAME_LEN_MAX {
-            e.push(verr("name", format!("must be 1 to {NAME_LEN_MAX} bytes")));
+            e.push(ValidationError::new(
+                "name",
+                format!("must be 1 to {NAME_LEN_MAX} bytes"),
+            ));
         } else if !self
             .name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
         {
-            e.push(verr("name", "may contain only A-Z a-z 0-9 _ . -"));
+            e.push(ValidationError::new(
+                "name",
+                "may contain only A-Z a-z 0-9 _ . -",
+            ));
         }
         if self.key_levels == 0 || self.key_levels > 16 {
-            e.push(verr("key_levels", "must be 1 to 16"));
+            e.push(ValidationError::new("key_levels", "must be 1 to 16"));
         }
         if let Err(why) = Pattern::compile(&self.pattern, self.key_levels.max(1)) {
-            e.push(verr("pattern", why));
+            e.push(ValidationError::new("pattern", why));
         }
         if self.ttl_s == 0 || self.ttl_s > TTL_S_MAX {
-            e.push(verr("ttl_s", format!("must be 1 to {TTL_S_MAX} seconds")));
+            e.push(ValidationError::new(
+                "ttl_s",
+                format!("must be 1 to {TTL_S_MAX} seconds"),
+            ));
         }
         if self.max_attempts == 0 {
-            e.push(verr("max_attempts", "must be at least 1"));
+            e.push(ValidationError::new("max_attempts", "must be at least 1"));
         }
         if self.max_lanes == 0 {
-            e.push(verr("max_lanes", "must be at least 1"));
+            e.push(ValidationError::new("max_lanes", "must be at least 1"));
         }
         if self.max_key_bytes == 0 || self.max_key_bytes > 65_535 {
-            e.push(verr("max_key_bytes", "must be 1 to 65535"));
+            e.push(ValidationError::new("max_key_bytes", "must be 1 to 65535"));
         }
         if self.batch == 0 || self.batch > BATCH_MAX {
-            e.push(verr("batch", format!("must be 1 to {BATCH_MAX}")));
+            e.push(ValidationError::new(
+                "batch",
+                format!("must be 1 to {BATCH_MAX}"),
+            ));
         }
         if self.ack_timeout_ms != 0
             && !(ACK_TIMEOUT_MS_MIN..=ACK_TIMEOUT_MS_MAX).contains(&self.ack_timeout_ms)
         {
-            e.push(verr(
+            e.push(ValidationError::new(
                 "ack_timeout_ms",
                 format!(
                     "must be 0 (off) or {ACK_TIMEOUT_MS_MIN} to {ACK_TIMEOUT_MS_MAX} milliseconds"

@@ -14,6 +14,8 @@ mod codec;
 mod packets;
 pub mod reason;
 pub mod topic;
+pub mod validation;
 
 pub use codec::{decode, encode, encoded_len, peek_fixed_header, DecodeError};
 pub use packets::*;
+pub use validation::ValidationError;

@@ -6,25 +6,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::time::Duration;
 
-/// One field that failed validation, with the reason.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ValidationError {
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for ValidationError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-fn verr(field: &str, message: impl Into<String>) -> ValidationError {
-    ValidationError {
-        field: field.to_string(),
-        message: message.into(),
-    }
-}
+pub use lanemq_protocol::ValidationError;
 
 /// Longest stream name accepted.
 pub const NAME_LEN_MAX: usize = 255;
@@ -244,31 +226,34 @@ impl StreamDef {
     pub fn validate(&self) -> Vec<ValidationError> {
         let mut errs = Vec::new();
         if let Err(m) = validate_name(&self.name) {
-            errs.push(verr("name", m));
+            errs.push(ValidationError::new("name", m));
         }
         if let Err(m) = validate_filter(&self.topic_filter) {
-            errs.push(verr("topic_filter", m));
+            errs.push(ValidationError::new("topic_filter", m));
         }
         if let Err(m) = crate::keyexpr::KeyExpr::parse(&self.key_expression) {
-            errs.push(verr("key_expression", m));
+            errs.push(ValidationError::new("key_expression", m));
         }
         if self.data_retention_period.0.is_zero() {
-            errs.push(verr("data_retention_period", "must be greater than 0"));
+            errs.push(ValidationError::new(
+                "data_retention_period",
+                "must be greater than 0",
+            ));
         }
         if self.limits.max_message_count == Limit::Max(0) {
-            errs.push(verr(
+            errs.push(ValidationError::new(
                 "limits.max_message_count",
                 "must be greater than 0 (or \"infinity\")",
             ));
         }
         if self.limits.max_message_bytes == Limit::Max(0) {
-            errs.push(verr(
+            errs.push(ValidationError::new(
                 "limits.max_message_bytes",
                 "must be greater than 0 (or \"infinity\")",
             ));
         }
         if self.read_max_unacked == 0 || self.read_max_unacked > READ_MAX_UNACKED_MAX {
-            errs.push(verr(
+            errs.push(ValidationError::new(
                 "read_max_unacked",
                 format!("must be between 1 and {READ_MAX_UNACKED_MAX}"),
             ));
@@ -441,20 +426,26 @@ impl GlobalSettings {
     pub fn validate(&self) -> Vec<ValidationError> {
         let mut errs = Vec::new();
         if self.max_stream_count == 0 {
-            errs.push(verr("max_stream_count", "must be greater than 0"));
+            errs.push(ValidationError::new(
+                "max_stream_count",
+                "must be greater than 0",
+            ));
         }
         if self.gc_interval.0 < Duration::from_secs(1) {
-            errs.push(verr("gc_interval", "must be at least 1s"));
+            errs.push(ValidationError::new("gc_interval", "must be at least 1s"));
         }
         if self.regular_stream_retention_period.0.is_zero() {
-            errs.push(verr(
+            errs.push(ValidationError::new(
                 "regular_stream_retention_period",
                 "must be greater than 0",
             ));
         }
         if let Some(lv) = &self.auto_create.lastvalue {
             if let Err(m) = crate::keyexpr::KeyExpr::parse(&lv.key_expression) {
-                errs.push(verr("auto_create.lastvalue.key_expression", m));
+                errs.push(ValidationError::new(
+                    "auto_create.lastvalue.key_expression",
+                    m,
+                ));
             }
         }
         errs

@@ -4,7 +4,7 @@
 use super::*;
 
 /// After a restart: expiry timers for the restored (offline) sessions, and pending wills.
-pub fn start_restored_timers(broker: &Arc<Broker>, restored: crate::broker::Restored) {
+pub fn start_restored_timers(broker: &Arc<Broker>, restored: crate::restore::Restored) {
     for (session, left) in restored.expiries {
         let generation = session.lock().generation;
         schedule_expiry(broker, &session, generation, left.max(1));

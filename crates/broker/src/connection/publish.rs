@@ -2,6 +2,7 @@
 //! sent in arrival order once the records are durable (`process_completions`).
 
 use super::*;
+use crate::ingest::Admitted;
 
 impl Conn {
     pub(super) fn on_publish(&mut self, p: Publish) -> Result<(), Close> {
@@ -127,21 +128,48 @@ impl Conn {
     /// ([`Conn::process_completions`]); a QoS 0 message that is not retained and has nothing
     /// queued before it is delivered at once (nothing depends on its durability).
     pub(super) fn accept(&mut self, topic: Arc<str>, p: Publish, ack: Owed) -> Result<(), Close> {
-        use lanemq_lite::engine::Classified;
-        let lane = match self.broker.lite.engine.classify(&topic) {
-            Classified::Plain => None,
-            Classified::Lane { parent, key } => Some((parent, key)),
-            Classified::Refused { code, why } => {
+        // QoS 0 with nothing queued before it is delivered at once (a retained one updates
+        // the retained table at once too; its index entry waits until the record is durable).
+        let fast = ack == Owed::Nothing && self.pending.is_empty();
+        let retain = p.retain;
+        if self.pending.is_empty() {
+            self.low
+                .store(self.broker.persist.store.next_offset(), Ordering::SeqCst);
+        }
+        let mut msg = Message::new(
+            topic,
+            p.payload,
+            p.qos,
+            p.retain,
+            p.properties,
+            self.client_id.clone(),
+        );
+        msg.username = self.username.clone();
+        let pid = (p.qos == QoS::ExactlyOnce).then_some(p.packet_id);
+        let cb: lanemq_store::Callback = if fast && !retain {
+            Box::new(|_| {})
+        } else {
+            let c = self.completions.clone();
+            Box::new(move |r| {
+                match r {
+                    Ok(_) => {
+                        c.ok.fetch_add(1, Ordering::Release);
+                    }
+                    Err(_) => c.failed.store(true, Ordering::Release),
+                }
+                c.waker.notify_one();
+            })
+        };
+        match self.broker.admit(&mut msg, pid, cb) {
+            Ok(Admitted::Stored(offset)) => msg.offset = offset,
+            Ok(Admitted::Refused { code, why }) => {
                 // Key too long (0x90) or the parent's lane quota (0x97): not accepted.
-                self.broker
-                    .lite
-                    .engine
-                    .counters
-                    .publish_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                debug!(topic = %topic, %why, "publish refused by the lite layer");
-                if p.qos == QoS::ExactlyOnce {
-                    self.session.lock().inbound_qos2.remove(&p.packet_id);
+                debug!(topic = %msg.topic, %why, "publish refused by the lite layer");
+                if self.pending.is_empty() {
+                    self.low.store(u64::MAX, Ordering::SeqCst);
+                }
+                if let Some(pid) = pid {
+                    self.session.lock().inbound_qos2.remove(&pid);
                 }
                 if ack == Owed::Nothing {
                     self.broker
@@ -161,48 +189,6 @@ impl Conn {
                 }
                 return Ok(());
             }
-        };
-        let persist = self.broker.persist.clone();
-        // QoS 0 with nothing queued before it is delivered at once (a retained one updates
-        // the retained table at once too; its index entry waits until the record is durable).
-        let fast = ack == Owed::Nothing && self.pending.is_empty();
-        let retain = p.retain;
-        if self.pending.is_empty() {
-            self.low
-                .store(persist.store.next_offset(), Ordering::SeqCst);
-        }
-        let mut msg = Message::new(
-            topic,
-            p.payload,
-            p.qos,
-            p.retain,
-            p.properties,
-            self.client_id.clone(),
-        );
-        msg.username = self.username.clone();
-        msg.in_lane = lane.is_some();
-        let pid = (p.qos == QoS::ExactlyOnce).then_some(p.packet_id);
-        let rec = crate::persist::record_in(&msg, pid);
-        let cb: lanemq_store::Callback = if fast && !retain {
-            Box::new(|_| {})
-        } else {
-            let c = self.completions.clone();
-            Box::new(move |r| {
-                match r {
-                    Ok(_) => {
-                        c.ok.fetch_add(1, Ordering::Release);
-                    }
-                    Err(_) => c.failed.store(true, Ordering::Release),
-                }
-                c.waker.notify_one();
-            })
-        };
-        let appended = match &lane {
-            Some((parent, key)) => self.broker.append_lane(rec, cb, *parent, key),
-            None => self.broker.append_plain(rec, cb),
-        };
-        match appended {
-            Ok(offset) => msg.offset = offset,
             Err(e) => {
                 warn!(error = %e, "cannot store a message: closing the connection unacknowledged");
                 return Err(Close::error(rc::UNSPECIFIED_ERROR));
@@ -239,12 +225,9 @@ impl Conn {
 
     /// Deliver a stored message; returns the PUBACK/PUBREC code.
     pub(super) fn deliver(&mut self, msg: Arc<Message>, deferred: Option<&mut Vec<Op>>) -> u8 {
-        self.broker.stats.received(&msg);
         // 0x10 only tells a publisher nobody got it; a retained message is kept for later.
         let kept = (msg.retain && !msg.payload.is_empty()) || msg.in_lane;
-        let in_lane = msg.in_lane;
-        let ingested = self.broker.deliver_with(msg, deferred);
-        self.broker.stats.routed(&ingested, in_lane);
+        let ingested = self.broker.ingest_with(msg, deferred);
         if ingested.matched || kept || !self.version.is_v5() {
             rc::SUCCESS
         } else {
@@ -288,9 +271,8 @@ impl Conn {
             self.send_ack(e.ack, code);
         }
         if durable {
-            // New records are committed: the stream indexer picks them up now.
-            self.broker.streams.poke();
-            self.broker.lite.poke();
+            // New records are committed: the stream indexer and the lanes read them now.
+            self.broker.committed();
         }
         let low = self
             .pending

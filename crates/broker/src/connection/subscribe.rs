@@ -264,174 +264,51 @@ impl Conn {
     }
 
     /// SUBSCRIBE to `$stream/<name>[/<filter>]` or `$s/<offset>/<filter>` (already authorized
-    /// on the full filter). Returns the SUBACK code and the ticket of the persisted
+    /// on the full filter): the policy is [`crate::streams::subscribe`]; the connection only
+    /// starts the feeder. Returns the SUBACK code and the ticket of the persisted
     /// subscription; failures add a reason to `reasons`.
     pub(super) fn subscribe_stream(
         &mut self,
         filter: &str,
-        mut options: lanemq_protocol::SubscriptionOptions,
+        options: lanemq_protocol::SubscriptionOptions,
         sub_id: Option<u32>,
         user_properties: &[(String, String)],
         reasons: &mut Vec<String>,
     ) -> (u8, Option<u64>) {
-        use lanemq_streams::subscribe::{offset_from_user_properties, parse_topic, StartFrom};
-        use lanemq_streams::{StreamDef, StreamError};
-        let v5 = self.version.is_v5();
-        let mut fail = |code: u8, why: String| {
-            reasons.push(format!("{filter}: {why}"));
-            (if v5 { code } else { rc::UNSPECIFIED_ERROR }, None)
-        };
-        if !v5 {
-            return fail(
-                rc::UNSPECIFIED_ERROR,
-                "stream subscriptions need MQTT 5".into(),
-            );
+        if !self.version.is_v5() {
+            reasons.push(format!("{filter}: stream subscriptions need MQTT 5"));
+            return (rc::UNSPECIFIED_ERROR, None);
         }
-        let engine = self.broker.streams.clone();
-        if !engine.is_enabled() {
-            return fail(
-                rc::IMPLEMENTATION_SPECIFIC_ERROR,
-                "streams are disabled (streams_config.enable = false)".into(),
-            );
-        }
-        let t = match parse_topic(filter) {
-            Ok(t) => t,
-            Err(e) => return fail(rc::TOPIC_FILTER_INVALID, e.0),
+        let req = crate::streams::SubscribeRequest {
+            filter,
+            options,
+            sub_id,
+            user_properties,
+            maximum_qos: self.broker.config.mqtt.maximum_qos,
+            persistent: self.persistent(),
         };
-        let start = match t.start {
-            Some(s) => s,
-            None => match offset_from_user_properties(user_properties) {
-                Ok(s) => s.unwrap_or(StartFrom::Latest),
-                Err(e) => return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, e.0),
-            },
-        };
-        let mut handle = engine.lookup(&t.name);
-        let mut pending_note = None;
-        let mismatch = |h: &lanemq_streams::engine::StreamHandle| {
-            h.filter_mismatch(t.filter.as_deref()).map(|captures| {
-                format!(
-                    "stream_bound_to_different_topic_filter: stream {:?} captures {captures:?}",
-                    t.name
-                )
-            })
-        };
-        if let Some(reason) = handle.as_deref().and_then(mismatch) {
-            return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, reason);
-        }
-        match (&handle, &t.filter) {
-            (None, Some(flt)) => {
-                let settings = engine.settings();
-                let lastvalue = settings.auto_create.lastvalue.clone();
-                if lastvalue.is_none() && !settings.auto_create.regular {
-                    pending_note = Some(format!(
-                        "stream {:?} does not exist (auto-create is off); the subscription \
-                         starts when it is created",
-                        t.name
-                    ));
-                } else {
-                    // Auto-create: `create` on the stream and `subscribe` on its filter.
-                    if !self.allowed_auto_create(filter) {
-                        return fail(
-                            rc::NOT_AUTHORIZED,
-                            format!(
-                                "not authorized to create stream {:?} capturing {flt:?}",
-                                t.name
-                            ),
-                        );
-                    }
-                    let mut def = StreamDef::new(&t.name, flt);
-                    match lastvalue {
-                        Some(lv) => {
-                            def.is_lastvalue = true;
-                            def.key_expression = lv.key_expression;
-                        }
-                        None => {
-                            def.data_retention_period = settings.regular_stream_retention_period
-                        }
-                    }
-                    let legacy = t.legacy;
-                    let e = engine.clone();
-                    let created = tokio::task::block_in_place(move || {
-                        if legacy {
-                            e.create_internal(def)
-                        } else {
-                            e.create(def)
-                        }
-                    });
-                    match created {
-                        Ok(_) | Err(StreamError::AlreadyExists(_)) => {
-                            handle = engine.lookup(&t.name);
-                            if let Some(reason) = handle.as_deref().and_then(mismatch) {
-                                return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, reason);
-                            }
-                        }
-                        Err(e @ StreamError::MaxStreamCount(_)) => {
-                            return fail(rc::QUOTA_EXCEEDED, e.to_string())
-                        }
-                        Err(e @ StreamError::Invalid(_)) => {
-                            return fail(rc::TOPIC_FILTER_INVALID, e.to_string())
-                        }
-                        Err(e) => return fail(rc::IMPLEMENTATION_SPECIFIC_ERROR, e.to_string()),
-                    }
-                }
-            }
-            (None, None) => {
-                pending_note = Some(format!(
-                    "stream {:?} does not exist yet; the subscription starts when it is created",
-                    t.name
-                ));
-            }
-            _ => {}
-        }
-        let cfg = &self.broker.config.mqtt;
-        options.qos =
-            QoS::from_u8(options.qos.as_u8().min(cfg.maximum_qos)).unwrap_or(QoS::AtMostOnce);
-        // The same SUBSCRIBE again (mosquitto_sub -c re-subscribes on every run) keeps the
-        // subscription and its position: a persistent session resumes after its last ack.
-        let existing = self.session.lock().stream_subs.get(filter).cloned();
-        if let Some(old) = &existing {
-            if !old.is_ended()
-                && old.start == start
-                && old.options == options
-                && old.sub_id == sub_id
-            {
-                if let Some(note) = pending_note {
+        let answer = crate::streams::subscribe(
+            &self.broker.streams,
+            &self.broker.persist,
+            &self.session,
+            req,
+            |f| self.allowed_auto_create(f),
+        );
+        match answer {
+            Ok(s) => {
+                if let Some(note) = s.note {
                     reasons.push(format!("{filter}: {note}"));
                 }
-                if self.feeders.get(filter).is_none_or(|j| j.is_finished()) {
-                    self.start_feeder(old.clone());
+                if !s.kept || self.feeders.get(filter).is_none_or(|j| j.is_finished()) {
+                    self.start_feeder(s.sub);
                 }
-                return (options.qos.as_u8(), None);
+                (s.qos, s.ticket)
+            }
+            Err(r) => {
+                reasons.push(format!("{filter}: {}", r.why));
+                (r.code, None)
             }
         }
-        let sub = StreamSub::new(filter.to_string(), t.name.clone(), options, sub_id, start);
-        if let Some(h) = &handle {
-            let e = engine.clone();
-            tokio::task::block_in_place(|| sub.bind_now(&e, h));
-        }
-        if let Some(note) = pending_note {
-            reasons.push(format!("{filter}: {note}"));
-        }
-        let old = self
-            .session
-            .lock()
-            .stream_subs
-            .insert(filter.to_string(), sub.clone());
-        if let Some(old) = old {
-            old.end();
-            // What the replaced subscription queued and did not send yet is dropped (it was
-            // never delivered); the new one reads from its own start.
-            self.session.drop_queued_stream(&old);
-        }
-        let ticket = self.persistent().then(|| {
-            self.broker.persist.submit(Op::StreamSubPut {
-                client: self.client_id.clone(),
-                filter: filter.to_string(),
-                value: sub.stored().encode(),
-            })
-        });
-        self.start_feeder(sub);
-        (options.qos.as_u8(), ticket)
     }
 
     /// May this client auto-create the stream of `filter` (`create` on the stream name and
