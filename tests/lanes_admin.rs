@@ -867,6 +867,28 @@ async fn lanes_are_listed_by_cursor_shown_with_group_figures_and_counted_in_metr
         1,
         "{text}"
     );
+    // The REST publish gets the same refusal (a 400 saying why), and nothing is stored.
+    let (st, v) = api
+        .call(
+            "POST",
+            "/api/v5/publish",
+            Some(json!({ "topic": format!("agents/{long}/x"), "payload": "x", "qos": 1 })),
+        )
+        .await;
+    assert_error(st, &v, 400, "BAD_REQUEST");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("max_key_bytes"),
+        "{v}"
+    );
+    let text = api.metrics_text().await.body;
+    assert_eq!(
+        sample(&text, "lanemq_lite_publish_refused_total"),
+        2,
+        "{text}"
+    );
 
     // Deleting the parent removes its lanes and groups.
     let (st, _) = api
