@@ -63,6 +63,7 @@ METRICS = [
     ("latency_q0", "latency p99 @50% load", "p99", "µs", False),
     ("latency_q0", "latency p99.9 @50% load", "p999", "µs", False),
     ("idle", "RSS per idle connection", "rss_conn", "bytes", False),
+    ("idle", "connect rate (CONNECT→CONNACK)", "conn_rate", "conn/s", True),
     ("fanin_q1", "QoS1 fan-in p99", "p99", "µs", False),
     ("rate_q0", "QoS0 10→1 at rate, delivered", "out", "msg/s", True),
     ("rate_q0", "QoS0 10→1 at rate, p99", "p99", "µs", False),
@@ -88,6 +89,10 @@ def metric(report, key):
     if key == "rss_conn":
         idle = report.get("idle") or {}
         return idle.get("rss_per_connection_bytes")
+    if key == "conn_rate":
+        idle = report.get("idle") or {}
+        secs, n = idle.get("connect_secs"), idle.get("connected")
+        return n / secs if secs and n else None
     return None
 
 
@@ -130,7 +135,7 @@ def cell_value(data, scen, broker, key, hib):
 def fmt(v, unit):
     if v is None:
         return "—"
-    if unit in ("msg/s", "deliveries/s", "lanes/s") or unit.startswith("msg/s"):
+    if unit in ("msg/s", "deliveries/s", "lanes/s", "conn/s") or unit.startswith("msg/s"):
         if v >= 1e6:
             return f"{v / 1e6:.2f}M"
         if v >= 1e3:
@@ -284,10 +289,12 @@ def families_from_results(results, data):
             panel("publish → delivery", "µs", [
                 ("p50", "latency_q0", "p50"), ("p99", "latency_q0", "p99"), ("p99.9", "latency_q0", "p999")], False),
         ]),
-        family("memory", "Memory: broker RSS per idle connection", [
+        family("memory", "Memory: broker RSS per idle connection; connect rate", [
             panel(f"{meta['idle']:,} idle connections" if meta.get("idle") else "idle connections",
                   "bytes per connection", [
                 ("RSS per idle connection", "idle", "rss_conn")], False),
+            panel("CONNECT → CONNACK while opening them", "connections/s", [
+                ("connect rate", "idle", "conn_rate")], True),
         ]),
         family("slow-consumer", "Slow consumers: one subscriber that stops reading", [
             panel("QoS 0 at a fixed rate: delivered to the healthy subscriber", "msg/s", [
