@@ -310,8 +310,9 @@ pub struct Publish<'a> {
     pub dup: bool,
     pub pid: u16,
     pub topic: &'a [u8],
-    /// The v5 property block without its length (empty for 3.1.1), checked.
-    props: &'a [u8],
+    /// The part of the (checked) v5 property block from its first user
+    /// property to the end of its last; empty when there is none.
+    user_props: &'a [u8],
     pub payload: &'a [u8],
 }
 
@@ -328,16 +329,13 @@ impl<'a> Publish<'a> {
             pid = u16_at(body, at).context("short PUBLISH")?;
             at += 2;
         }
-        let mut props: &[u8] = &[];
+        let mut user_props: &[u8] = &[];
         if v.is_v5() {
             if body.len() <= at {
                 bail!("short PUBLISH");
             }
-            let used;
-            (props, used) = prop_block(&body[at..])?;
-            for p in Props(props) {
-                p?;
-            }
+            let (props, used) = prop_block(&body[at..])?;
+            user_props = check_props(props)?;
             at += used;
         }
         Ok(Publish {
@@ -345,7 +343,7 @@ impl<'a> Publish<'a> {
             dup: header & 0x08 != 0,
             pid,
             topic,
-            props,
+            user_props,
             payload: body.get(at..).unwrap_or_default(),
         })
     }
@@ -362,8 +360,7 @@ impl<'a> Publish<'a> {
 
     /// The user properties (name, value), in order.
     pub fn user_properties(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
-        Props(self.props)
-            .map_while(Result::ok)
+        Props(self.user_props)
             .filter(|&(id, _)| id == USER_PROPERTY)
             .filter_map(|(_, v)| {
                 let k = usize::from(u16_at(v, 0)?);
@@ -421,8 +418,8 @@ fn get_varint(b: &[u8]) -> anyhow::Result<Option<(usize, usize)>> {
     Ok(None)
 }
 
-const USER_PROPERTY: usize = 0x26;
-const RECEIVE_MAXIMUM: usize = 0x21;
+const USER_PROPERTY: u8 = 0x26;
+const RECEIVE_MAXIMUM: u8 = 0x21;
 
 /// The u16 (big endian) at `at` in `b`, if `b` is that long.
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -438,64 +435,82 @@ fn prop_block(b: &[u8]) -> anyhow::Result<(&[u8], usize)> {
     Ok((props, end))
 }
 
-/// The properties of a property block (without its length): (id, value
-/// bytes), ending with an error at the first malformed one.
-struct Props<'a>(&'a [u8]);
-
-impl<'a> Iterator for Props<'a> {
-    type Item = anyhow::Result<(usize, &'a [u8])>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
-        }
-        match next_prop(self.0) {
-            Ok((id, value, rest)) => {
-                self.0 = rest;
-                Some(Ok((id, value)))
-            }
-            Err(e) => {
-                self.0 = &[];
-                Some(Err(e))
-            }
-        }
-    }
+/// A malformed property.
+#[derive(Debug)]
+enum BadProperty {
+    Unknown(u8),
+    Truncated,
 }
 
-/// The first property of `p`: (id, value, rest).
-fn next_prop(p: &[u8]) -> anyhow::Result<(usize, &[u8], &[u8])> {
-    let (id, u) = get_varint(p)?.context("truncated property id")?;
-    let p = &p[u..];
-    let str_len = |at: usize| u16_at(p, at).map(usize::from).context("truncated property");
+/// The first property of `p`: (id, value bytes, rest).
+#[inline]
+fn next_prop(p: &[u8]) -> Result<(u8, &[u8], &[u8]), BadProperty> {
+    // Every property id is below 0x80: a one-byte variable byte integer.
+    let (&id, p) = p.split_first().ok_or(BadProperty::Truncated)?;
+    let str_len = |at: usize| u16_at(p, at).map(usize::from).ok_or(BadProperty::Truncated);
     let need = match id {
         0x01 | 0x17 | 0x19 | 0x24 | 0x25 | 0x28 | 0x29 | 0x2A => 1,
         0x13 | 0x21 | 0x22 | 0x23 => 2,
         0x02 | 0x11 | 0x18 | 0x27 => 4,
-        0x0B => get_varint(p)?.context("truncated varint property")?.1,
+        0x0B => match get_varint(p) {
+            Ok(Some((_, used))) => used,
+            _ => return Err(BadProperty::Truncated),
+        },
         0x03 | 0x08 | 0x09 | 0x12 | 0x15 | 0x16 | 0x1A | 0x1C | 0x1F => 2 + str_len(0)?,
         USER_PROPERTY => {
             let k = 2 + str_len(0)?;
             k + 2 + str_len(k)?
         }
-        other => bail!("unknown property id {other:#x}"),
+        other => return Err(BadProperty::Unknown(other)),
     };
-    if p.len() < need {
-        bail!("truncated property");
+    match (p.get(..need), p.get(need..)) {
+        (Some(value), Some(rest)) => Ok((id, value, rest)),
+        _ => Err(BadProperty::Truncated),
     }
-    Ok((id, &p[..need], &p[need..]))
+}
+
+/// Check every property of a property block (without its length); the
+/// part from its first user property to the end of its last (empty when
+/// there is none).
+fn check_props(props: &[u8]) -> anyhow::Result<&[u8]> {
+    let (mut first, mut end) = (None, 0);
+    let mut p = props;
+    while !p.is_empty() {
+        let (id, _, rest) = next_prop(p).map_err(|e| match e {
+            BadProperty::Unknown(id) => anyhow::anyhow!("unknown property id {id:#x}"),
+            BadProperty::Truncated => anyhow::anyhow!("truncated property"),
+        })?;
+        if id == USER_PROPERTY {
+            first.get_or_insert(props.len() - p.len());
+            end = props.len() - rest.len();
+        }
+        p = rest;
+    }
+    Ok(first.map_or(&[][..], |f| &props[f..end]))
+}
+
+/// The properties of a checked property block: (id, value bytes).
+struct Props<'a>(&'a [u8]);
+
+impl<'a> Iterator for Props<'a> {
+    type Item = (u8, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (id, value, rest) = next_prop(self.0).ok()?;
+        self.0 = rest;
+        Some((id, value))
+    }
 }
 
 /// Skip a v5 property block at the start of `b`, returning the bytes used
 /// and the Receive Maximum if present.
 fn skip_props(b: &[u8]) -> anyhow::Result<(usize, Option<u16>)> {
     let (props, used) = prop_block(b)?;
-    let mut receive_max = None;
-    for p in Props(props) {
-        let (id, value) = p?;
-        if id == RECEIVE_MAXIMUM {
-            receive_max = u16_at(value, 0);
-        }
-    }
+    check_props(props)?;
+    let receive_max = Props(props)
+        .filter(|&(id, _)| id == RECEIVE_MAXIMUM)
+        .filter_map(|(_, value)| u16_at(value, 0))
+        .last();
     Ok((used, receive_max))
 }
 
