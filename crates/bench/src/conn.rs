@@ -125,7 +125,7 @@ impl Conn {
         let mut out = BytesMut::new();
         mqtt::subscribe(&mut out, self.version, 1, filter, qos);
         self.wr.write_all(&out).await?;
-        self.expect_suback(filter).await
+        self.expect_suback(filter).await.map(drop)
     }
 
     /// SUBSCRIBE (MQTT 5) with one user property and wait for a successful SUBACK.
@@ -136,22 +136,45 @@ impl Conn {
         key: &str,
         value: &str,
     ) -> anyhow::Result<()> {
+        self.subscribe_v5(filter, qos, Some((key, value)))
+            .await
+            .map(drop)
+    }
+
+    /// SUBSCRIBE (MQTT 5) with an optional user property and wait for a
+    /// successful SUBACK: the granted QoS.
+    pub async fn subscribe_v5(
+        &mut self,
+        filter: &str,
+        qos: u8,
+        prop: Option<(&str, &str)>,
+    ) -> anyhow::Result<u8> {
         let mut out = BytesMut::new();
-        mqtt::subscribe_v5(&mut out, 1, filter, qos, Some((key, value)));
+        mqtt::subscribe_v5(&mut out, 1, filter, qos, prop);
         self.wr.write_all(&out).await?;
         self.expect_suback(filter).await
     }
 
-    async fn expect_suback(&mut self, filter: &str) -> anyhow::Result<()> {
+    /// The SUBACK (before any delivery of the subscription): the granted QoS.
+    async fn expect_suback(&mut self, filter: &str) -> anyhow::Result<u8> {
         let f = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.next_frame())
             .await
             .context("SUBACK timed out")??;
         match f {
-            Frame::SubAck { worst_reason, .. } if worst_reason < 0x80 => Ok(()),
+            Frame::SubAck { worst_reason, .. } if worst_reason < 0x80 => Ok(worst_reason),
             Frame::SubAck { worst_reason, .. } => {
                 bail!("subscribe to {filter} refused: {worst_reason:#x}")
             }
             other => bail!("expected SUBACK, got {other:?}"),
+        }
+    }
+
+    /// The inflight window of a publisher: `inflight`, at most the broker's
+    /// Receive Maximum (MQTT 5) or else 65,000, at least 1.
+    pub fn window(&self, inflight: usize) -> usize {
+        match self.receive_max {
+            Some(m) => inflight.min(usize::from(m)).max(1),
+            None => inflight.min(65_000),
         }
     }
 

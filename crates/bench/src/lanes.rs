@@ -17,9 +17,14 @@
 //!   messages, per-lane order (the payload's per-lane sequence and the `lane-offset` user
 //!   property, which must grow by one), and how the lanes spread over the members.
 //!
-//! Payload (≥ 24 bytes): send time in ns since the run's base instant (u64 BE), lane index
-//! (u32 BE), per-lane sequence (u32 BE), run nonce (u64 BE), filler. A delivery with another
-//! nonce was published by an earlier run (e.g. the create phase) and is counted as `stale`.
+//! Payload (≥ 24 bytes): the generator's stamp ([`mqtt::STAMP_LEN`]: send time in ns since
+//! the run's base instant (u64 BE) and a tag made of the lane index (u32 BE) and the per-lane
+//! sequence (u32 BE)), the run nonce (u64 BE), filler. A delivery with another nonce was
+//! published by an earlier run (e.g. the create phase) and is counted as `stale`.
+//!
+//! The connections, the PUBLISH encoding and parsing and the publisher and member loops are
+//! the generator's ([`crate::conn`], [`crate::mqtt`], [`crate::load`]); this module adds the
+//! lanes' [`Feed`] (lane topics, picking) and [`Sink`] (per-lane checks).
 
 use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,20 +32,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::BytesMut;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::conn::Conn;
-use crate::load::{new_histogram, BATCH_BYTES};
-use crate::mqtt::{self, Frame, Version};
-use crate::{client_id, collect_bounded, rss, BenchOpts, BenchReport, Latency};
+use crate::load::{self, nanos_since, new_histogram, Feed, Pace, Sent, Sink};
+use crate::mqtt::{self, Publish, PublishTemplate, Version, STAMP_LEN};
+use crate::{
+    collect_bounded, connect_many, drain, join_publishers, quantile_us, rss, BenchOpts,
+    BenchReport, Latency,
+};
 
-/// Payload bytes used by the header (timestamp, lane, sequence, nonce).
-const HEADER: usize = 24;
+/// Payload bytes used by the header (stamp: timestamp, lane, sequence; nonce).
+const HEADER: usize = STAMP_LEN + 8;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -361,47 +368,55 @@ fn lane_topic(out: &mut String, parent: &str, lane: u32) {
     let _ = write!(out, "{parent}/l-{lane}/x");
 }
 
-/// Append a v5 QoS 1 PUBLISH without properties.
-#[allow(clippy::too_many_arguments)]
-fn put_publish(
-    buf: &mut BytesMut,
-    topic: &str,
-    pid: u16,
-    ts: u64,
-    lane: u32,
-    seq: u32,
-    nonce: u64,
-    filler: &[u8],
-) {
-    let rl = 2 + topic.len() + 2 + 1 + HEADER + filler.len();
-    buf.put_u8((mqtt::PUBLISH << 4) | 0x02);
-    mqtt::put_varint(buf, rl);
-    buf.put_u16(topic.len() as u16);
-    buf.put_slice(topic.as_bytes());
-    buf.put_u16(pid);
-    buf.put_u8(0);
-    buf.put_u64(ts);
-    buf.put_u32(lane);
-    buf.put_u32(seq);
-    buf.put_u64(nonce);
-    buf.put_slice(filler);
-}
-
-struct PubCfg {
-    id: usize,
+/// What a publisher sends: one message to a lane at a time, picked by its [`Picker`].
+struct LaneFeed {
     parent: String,
     picker: Picker,
-    /// msg/s for this publisher; 0 = as fast as the window allows.
-    rate: f64,
-    start: Instant,
-    /// None = until the picker runs out.
-    end: Option<Instant>,
-    window: usize,
+    /// Version, QoS, payload length and filler of every message (its topic is not used).
+    template: PublishTemplate,
     base: Instant,
     nonce: u64,
-    filler: Vec<u8>,
     /// Publishers count their messages here (progress, drain target).
     sent: Arc<AtomicU64>,
+    /// The current message's topic (reused).
+    topic: String,
+    r: PubResult,
+}
+
+impl Feed for LaneFeed {
+    fn frame_len(&self) -> usize {
+        self.template.frame_len() + 16
+    }
+
+    fn write_next(&mut self, buf: &mut BytesMut, pid: u16, ts: u64) -> bool {
+        let Some((lane, seq)) = self.picker.next() else {
+            return false;
+        };
+        lane_topic(&mut self.topic, &self.parent, lane);
+        let tag = u64::from(lane) << 32 | u64::from(seq);
+        let nonce = self.nonce.to_be_bytes();
+        self.template
+            .write_to(buf, &self.topic, pid, ts, tag, &nonce);
+        true
+    }
+
+    fn sent(&mut self, n: u64, ts: u64) {
+        self.r.first_send_ns.get_or_insert(ts);
+        self.sent.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn ack(&mut self, _kind: u8, reason: u8, done: bool) {
+        if !done {
+            return;
+        }
+        if reason >= 0x80 {
+            self.r.ack_errors += 1;
+            self.r.first_ack_error.get_or_insert(reason);
+        } else {
+            self.r.acked += 1;
+        }
+        self.r.last_ack_ns = nanos_since(self.base);
+    }
 }
 
 #[derive(Debug, Default)]
@@ -417,138 +432,23 @@ struct PubResult {
     error: Option<String>,
 }
 
-async fn publisher(mut c: Conn, mut cfg: PubCfg, mut stop: watch::Receiver<bool>) -> PubResult {
-    let mut r = PubResult::default();
-    if let Err(e) = publish_loop(&mut c, &mut cfg, &mut stop, &mut r).await {
-        r.error = Some(format!("publisher {}: {e:#}", cfg.id));
+async fn publisher(
+    mut c: Conn,
+    id: usize,
+    pace: Pace,
+    mut feed: LaneFeed,
+    mut stop: watch::Receiver<bool>,
+) -> PubResult {
+    let mut sent = Sent::default();
+    let res = load::publish_loop(&mut c, &pace, feed.base, &mut stop, &mut feed, &mut sent).await;
+    let mut r = feed.r;
+    r.sent = sent.sent;
+    r.last_send_ns = sent.last_send_ns;
+    if let Err(e) = res {
+        r.error = Some(format!("publisher {id}: {e:#}"));
     }
     c.close().await;
     r
-}
-
-async fn publish_loop(
-    c: &mut Conn,
-    cfg: &mut PubCfg,
-    stop: &mut watch::Receiver<bool>,
-    r: &mut PubResult,
-) -> anyhow::Result<()> {
-    let mut wbuf = BytesMut::with_capacity(BATCH_BYTES + 4096);
-    let mut in_use = vec![false; 65_536];
-    let mut next_pid: u16 = 0;
-    let mut inflight = 0usize;
-    let mut done_sending = false;
-    let mut topic = String::new();
-    let ns = |base: Instant| base.elapsed().as_nanos() as u64;
-    if *stop.borrow() {
-        return Ok(());
-    }
-    loop {
-        let now = Instant::now();
-        if !done_sending && cfg.end.is_some_and(|e| now >= e) {
-            done_sending = true;
-        }
-        if done_sending && wbuf.is_empty() && inflight == 0 {
-            return Ok(());
-        }
-        let mut next_due = None;
-        if !done_sending && wbuf.len() < BATCH_BYTES && now >= cfg.start {
-            let mut n = (cfg.window - inflight) as u64;
-            if cfg.rate > 0.0 {
-                let due = ((now - cfg.start).as_secs_f64() * cfg.rate) as u64 + 1;
-                let allowed = due.saturating_sub(r.sent);
-                if allowed <= n {
-                    n = allowed;
-                    let at = (r.sent + n) as f64 / cfg.rate;
-                    next_due = Some(cfg.start + Duration::from_secs_f64(at));
-                }
-            }
-            let ts = ns(cfg.base);
-            let mut wrote = 0;
-            while wrote < n && wbuf.len() < BATCH_BYTES {
-                let Some((lane, seq)) = cfg.picker.next() else {
-                    done_sending = true;
-                    break;
-                };
-                let pid = loop {
-                    next_pid = next_pid.wrapping_add(1).max(1);
-                    if !in_use[usize::from(next_pid)] {
-                        break next_pid;
-                    }
-                };
-                in_use[usize::from(pid)] = true;
-                inflight += 1;
-                lane_topic(&mut topic, &cfg.parent, lane);
-                put_publish(
-                    &mut wbuf,
-                    &topic,
-                    pid,
-                    ts,
-                    lane,
-                    seq,
-                    cfg.nonce,
-                    &cfg.filler,
-                );
-                wrote += 1;
-            }
-            if wrote > 0 {
-                r.first_send_ns.get_or_insert(ts);
-                r.sent += wrote;
-                cfg.sent.fetch_add(wrote, Ordering::Relaxed);
-            }
-        } else if !done_sending && now < cfg.start {
-            next_due = Some(cfg.start);
-        }
-        // The picker may have run out just now, with nothing left in flight.
-        if done_sending && wbuf.is_empty() && inflight == 0 {
-            return Ok(());
-        }
-        let wake = match (next_due, cfg.end) {
-            _ if done_sending || !wbuf.is_empty() => None,
-            (Some(d), Some(e)) => Some(d.min(e)),
-            (Some(d), None) => Some(d),
-            (None, Some(e)) => Some(e),
-            (None, None) => None,
-        };
-        tokio::select! {
-            biased;
-            _ = stop.changed() => return Ok(()),
-            res = c.rd.read_buf(&mut c.rbuf) => {
-                if res? == 0 {
-                    bail!("connection closed by broker");
-                }
-                c.ensure_read_space_later();
-                while let Some(f) = mqtt::parse(&mut c.rbuf, Version::V5)? {
-                    match f {
-                        Frame::Ack { kind: mqtt::PUBACK, pid, reason } => {
-                            let slot = usize::from(pid);
-                            if in_use.get(slot) == Some(&true) {
-                                in_use[slot] = false;
-                                inflight -= 1;
-                                if reason >= 0x80 {
-                                    r.ack_errors += 1;
-                                    r.first_ack_error.get_or_insert(reason);
-                                } else {
-                                    r.acked += 1;
-                                }
-                                r.last_ack_ns = ns(cfg.base);
-                            }
-                        }
-                        Frame::Disconnect { reason } => bail!("broker sent DISCONNECT {reason:#x}"),
-                        _ => {}
-                    }
-                }
-            }
-            res = c.wr.write(&wbuf), if !wbuf.is_empty() => {
-                let n = res?;
-                if n == 0 {
-                    bail!("write returned 0");
-                }
-                wbuf.advance(n);
-                r.last_send_ns = ns(cfg.base);
-            }
-            _ = tokio::time::sleep_until(wake.unwrap_or(now).into()), if wake.is_some() => {}
-        }
-    }
 }
 
 /// Connect the publishers and spawn their tasks.
@@ -568,44 +468,25 @@ async fn spawn_publishers(
 ) -> anyhow::Result<JoinSet<PubResult>> {
     let n_pubs = opts.publishers;
     let payload = (opts.payload as usize).max(HEADER);
-    let filler: Vec<u8> = (0..payload - HEADER)
-        .map(|i| b'a' + (i % 26) as u8)
-        .collect();
-    let addr = opts.addr();
-    let mut conns = JoinSet::new();
-    for i in 0..n_pubs {
-        let (addr, id, ka) = (addr.clone(), client_id("lp", i), opts.keepalive);
-        conns.spawn(async move {
-            Conn::open(&addr, Version::V5, &id, ka, 64 * 1024)
-                .await
-                .map(|c| (i, c))
-        });
-    }
-    let mut got: Vec<Option<Conn>> = (0..n_pubs).map(|_| None).collect();
-    while let Some(res) = conns.join_next().await {
-        let (i, c) = res.context("connect task panicked")??;
-        got[i] = Some(c);
-    }
+    let template = PublishTemplate::new(Version::V5, &opts.lanes.parent, 1, payload);
+    let conns = connect_many(opts, "lp", n_pubs, 64 * 1024, Version::V5).await?;
     let per_pub_rate = rate as f64 / n_pubs as f64;
     let mut set = JoinSet::new();
-    for (i, c) in got.into_iter().enumerate() {
-        let c = c.context("missing publisher")?;
-        let window = match c.receive_max {
-            Some(m) => opts.inflight.min(usize::from(m)).max(1),
-            None => opts.inflight.min(65_000),
-        };
+    for (i, c) in conns.into_iter().enumerate() {
         let fresh_lanes: Vec<u32> = owned(i, n_pubs, fresh)
             .into_iter()
             .map(|l| l + lanes)
             .collect();
         let lanes = owned(i, n_pubs, lanes);
-        let phase = if rate > 0 {
-            Duration::from_secs_f64(i as f64 / rate as f64)
-        } else {
-            Duration::ZERO
+        let pace = Pace {
+            qos: 1,
+            rate: per_pub_rate,
+            count: None,
+            start: start + load::stagger(i, rate),
+            end,
+            window: c.window(opts.inflight),
         };
-        let cfg = PubCfg {
-            id: i,
+        let feed = LaneFeed {
             parent: opts.lanes.parent.clone(),
             picker: Picker {
                 seqs: vec![0; lanes.len()],
@@ -622,43 +503,21 @@ async fn spawn_publishers(
                     0.0
                 },
             },
-            rate: per_pub_rate,
-            start: start + phase,
-            end,
-            window,
+            template: template.clone(),
             base,
             nonce,
-            filler: filler.clone(),
             sent: sent.clone(),
+            topic: String::new(),
+            r: PubResult::default(),
         };
-        set.spawn(publisher(c, cfg, stop.clone()));
+        set.spawn(publisher(c, i, pace, feed, stop.clone()));
     }
     Ok(set)
 }
 
-/// Wait for all publishers, or stop them at `deadline` (returns true when it hit).
-async fn join_publishers(
-    set: &mut JoinSet<PubResult>,
-    deadline: Instant,
-    stop: &watch::Sender<bool>,
-    out: &mut Vec<PubResult>,
-) -> anyhow::Result<bool> {
-    loop {
-        tokio::select! {
-            r = set.join_next() => match r {
-                Some(r) => out.push(r.context("publisher task panicked")?),
-                None => return Ok(false),
-            },
-            _ = tokio::time::sleep_until(deadline.into()) => {
-                let _ = stop.send(true);
-                collect_bounded(set, out).await;
-                return Ok(true);
-            }
-        }
-    }
-}
-
-fn sum_publishers(res: &[PubResult], rep: &mut LanesReport, errors: &mut Vec<String>) {
+/// Add the publishers' counts to `rep` and their errors to `errors`: the first PUBLISH's
+/// time (nanos since base, 0 when none was sent).
+fn sum_publishers(res: &[PubResult], rep: &mut LanesReport, errors: &mut Vec<String>) -> u64 {
     for p in res {
         rep.published += p.sent;
         rep.acked += p.acked;
@@ -670,6 +529,10 @@ fn sum_publishers(res: &[PubResult], rep: &mut LanesReport, errors: &mut Vec<Str
             errors.push(e.clone());
         }
     }
+    res.iter()
+        .filter_map(|p| p.first_send_ns)
+        .min()
+        .unwrap_or(0)
 }
 
 fn spawn_progress(
@@ -746,12 +609,7 @@ async fn run_create(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         eprintln!();
     }
     rep.rss_after_kb = opts.broker_pid.and_then(rss::vm_rss_kb);
-    sum_publishers(&res, &mut rep, &mut report.errors);
-    let first = res
-        .iter()
-        .filter_map(|p| p.first_send_ns)
-        .min()
-        .unwrap_or(0);
+    let first = sum_publishers(&res, &mut rep, &mut report.errors);
     let last = res.iter().map(|p| p.last_ack_ns).max().unwrap_or(0);
     rep.publish_secs = last.saturating_sub(first) as f64 / 1e9;
     if rep.publish_secs > 0.0 {
@@ -857,9 +715,7 @@ struct MemberResult {
 /// Fields of a PUBLISH that the lanes check needs.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct LanePublish {
-    qos: u8,
     dup: bool,
-    pid: u16,
     /// Lane index from the topic `<parent>/l-<i>/...`.
     topic_lane: Option<u32>,
     /// `lane` user property parsed as `l-<i>` (Some(None) = present but not of that form).
@@ -869,20 +725,30 @@ struct LanePublish {
     header: Option<(u64, u32, u32, u64)>,
 }
 
-fn get_varint(b: &[u8]) -> anyhow::Result<Option<(usize, usize)>> {
-    let mut n = 0usize;
-    let mut mul = 1usize;
-    for (i, &byte) in b.iter().enumerate().take(4) {
-        n += usize::from(byte & 0x7f) * mul;
-        if byte & 0x80 == 0 {
-            return Ok(Some((n, i + 1)));
+impl LanePublish {
+    fn read(p: &Publish<'_>) -> Self {
+        let mut lp = LanePublish {
+            dup: p.dup,
+            topic_lane: p.topic.split(|&b| b == b'/').find_map(parse_lane_key),
+            header: match (p.ts(), p.tag(), mqtt::be_u64(p.payload, STAMP_LEN)) {
+                (Some(ts), Some(tag), Some(nonce)) => {
+                    Some((ts, (tag >> 32) as u32, tag as u32, nonce))
+                }
+                _ => None,
+            },
+            ..LanePublish::default()
+        };
+        for (key, val) in p.user_properties() {
+            match key {
+                b"lane" => lp.lane_prop = Some(parse_lane_key(val)),
+                b"lane-offset" => {
+                    lp.lane_offset = std::str::from_utf8(val).ok().and_then(|s| s.parse().ok())
+                }
+                _ => {}
+            }
         }
-        mul *= 128;
+        lp
     }
-    if b.len() >= 4 {
-        bail!("malformed variable byte integer");
-    }
-    Ok(None)
 }
 
 fn parse_lane_key(s: &[u8]) -> Option<u32> {
@@ -892,211 +758,95 @@ fn parse_lane_key(s: &[u8]) -> Option<u32> {
         .ok()
 }
 
-fn u16_at(b: &[u8], at: usize) -> anyhow::Result<usize> {
-    match b.get(at..at + 2) {
-        Some(x) => Ok(usize::from(u16::from_be_bytes([x[0], x[1]]))),
-        None => bail!("truncated"),
-    }
-}
-
-/// Parse the body of a v5 PUBLISH (after the fixed header).
-fn parse_publish(header: u8, body: &[u8]) -> anyhow::Result<LanePublish> {
-    let mut p = LanePublish {
-        qos: (header >> 1) & 0x03,
-        dup: header & 0x08 != 0,
-        ..LanePublish::default()
-    };
-    let tlen = u16_at(body, 0)?;
-    let topic = body.get(2..2 + tlen).context("short PUBLISH topic")?;
-    p.topic_lane = topic.split(|&b| b == b'/').find_map(parse_lane_key);
-    let mut at = 2 + tlen;
-    if p.qos > 0 {
-        p.pid = u16_at(body, at)? as u16;
-        at += 2;
-    }
-    let (plen, used) = get_varint(body.get(at..).unwrap_or_default())?.context("short props")?;
-    let props = body
-        .get(at + used..at + used + plen)
-        .context("truncated properties")?;
-    at += used + plen;
-    let mut q = props;
-    while !q.is_empty() {
-        let id = q[0];
-        q = &q[1..];
-        let need = match id {
-            0x01 => 1,
-            0x23 => 2,
-            0x02 => 4,
-            0x0B => get_varint(q)?.context("truncated varint")?.1,
-            0x03 | 0x08 | 0x09 => 2 + u16_at(q, 0)?,
-            0x26 => {
-                let k = u16_at(q, 0)?;
-                let v = u16_at(q, 2 + k)?;
-                let key = q.get(2..2 + k).context("truncated")?;
-                let val = q.get(4 + k..4 + k + v).context("truncated")?;
-                match key {
-                    b"lane" => p.lane_prop = Some(parse_lane_key(val)),
-                    b"lane-offset" => {
-                        p.lane_offset = std::str::from_utf8(val).ok().and_then(|s| s.parse().ok())
-                    }
-                    _ => {}
-                }
-                4 + k + v
-            }
-            other => bail!("unexpected PUBLISH property {other:#x}"),
-        };
-        if q.len() < need {
-            bail!("truncated property");
-        }
-        q = &q[need..];
-    }
-    let pl = body.get(at..).unwrap_or_default();
-    if pl.len() >= HEADER {
-        let u64_at = |i: usize| u64::from_be_bytes(pl[i..i + 8].try_into().unwrap_or([0; 8]));
-        let u32_at = |i: usize| u32::from_be_bytes(pl[i..i + 4].try_into().unwrap_or([0; 4]));
-        p.header = Some((u64_at(0), u32_at(8), u32_at(12), u64_at(16)));
-    }
-    Ok(p)
-}
-
 async fn member(
     mut c: Conn,
     cfg: MemberCfg,
     lanes: usize,
     mut stop: watch::Receiver<bool>,
 ) -> MemberResult {
-    let mut m = MemberResult {
-        r: LanesReport::default(),
-        got: std::collections::HashSet::new(),
-        lanes_seen: 0,
-        first_ns: None,
-        hist: new_histogram(),
-        error: None,
+    let mut sink = MemberSink {
+        cfg: &cfg,
+        m: MemberResult {
+            r: LanesReport::default(),
+            got: std::collections::HashSet::new(),
+            lanes_seen: 0,
+            first_ns: None,
+            hist: new_histogram(),
+            error: None,
+        },
+        seen: vec![false; lanes],
     };
-    let mut seen = vec![false; lanes];
-    if let Err(e) = member_loop(&mut c, &cfg, &mut stop, &mut m, &mut seen).await {
-        m.error = Some(format!("member {}: {e:#}", cfg.id));
+    // Frames may already be buffered from the set-up (an `earliest` group).
+    if let Err(e) = load::receive_loop(&mut c, cfg.base, &mut stop, &mut sink).await {
+        sink.m.error = Some(format!("member {}: {e:#}", cfg.id));
     }
-    m.lanes_seen = seen.iter().filter(|&&s| s).count() as u64;
+    let mut m = sink.m;
+    m.lanes_seen = sink.seen.iter().filter(|&&s| s).count() as u64;
     c.close().await;
     m
 }
 
-fn on_delivery(
-    p: &LanePublish,
-    cfg: &MemberCfg,
-    now: u64,
-    m: &mut MemberResult,
-    seen: &mut [bool],
-) {
-    let r = &mut m.r;
-    if p.dup {
-        r.dup_flag += 1;
-    }
-    let Some((ts, lane, seq, nonce)) = p.header else {
-        r.stale += 1;
-        return;
-    };
-    if nonce != cfg.nonce || lane as usize >= seen.len() {
-        r.stale += 1;
-        return;
-    }
-    r.delivered += 1;
-    m.first_ns.get_or_insert(now);
-    cfg.state.delivered.fetch_add(1, Ordering::Relaxed);
-    seen[lane as usize] = true;
-    if ts >= cfg.measure_start_ns {
-        r.delivered_measured += 1;
-        m.hist.saturating_record(now.saturating_sub(ts).max(1));
-    }
-    let l = lane as usize;
-    m.got.insert(u64::from(lane) << 32 | u64::from(seq));
-    let prev = cfg.state.seq[l].fetch_max(u64::from(seq) + 1, Ordering::Relaxed);
-    if u64::from(seq) < prev {
-        r.seq_backwards += 1;
-    } else if u64::from(seq) > prev {
-        r.seq_gaps += 1;
-    }
-    match (p.lane_prop, p.lane_offset) {
-        (Some(lp), Some(off)) => {
-            if lp != Some(lane) || p.topic_lane != Some(lane) {
-                r.lane_mismatch += 1;
-            }
-            let prev = cfg.state.offset[l].fetch_max(off + 1, Ordering::Relaxed);
-            if prev != 0 {
-                if off < prev {
-                    r.offset_backwards += 1;
-                    r.offset_breaks += 1;
-                } else if off != prev {
-                    r.offset_breaks += 1;
-                }
-            }
-        }
-        _ => r.missing_props += 1,
+/// A member's [`Sink`]: the per-lane checks of every delivery.
+struct MemberSink<'a> {
+    cfg: &'a MemberCfg,
+    m: MemberResult,
+    /// Lanes delivered to this member.
+    seen: Vec<bool>,
+}
+
+impl Sink for MemberSink<'_> {
+    fn publish(&mut self, p: &Publish<'_>, now: u64) {
+        self.on_delivery(&LanePublish::read(p), now);
     }
 }
 
-async fn member_loop(
-    c: &mut Conn,
-    cfg: &MemberCfg,
-    stop: &mut watch::Receiver<bool>,
-    m: &mut MemberResult,
-    seen: &mut [bool],
-) -> anyhow::Result<()> {
-    let mut acks = BytesMut::with_capacity(4096);
-    if *stop.borrow() {
-        return Ok(());
-    }
-    // Frames may already be buffered from the set-up (an `earliest` group).
-    loop {
-        let now = cfg.base.elapsed().as_nanos() as u64;
-        loop {
-            let b = &c.rbuf[..];
-            if b.len() < 2 {
-                break;
-            }
-            if b[0] >> 4 != mqtt::PUBLISH {
-                match mqtt::parse(&mut c.rbuf, Version::V5)? {
-                    Some(Frame::Disconnect { reason }) => {
-                        bail!("broker sent DISCONNECT {reason:#x}")
+impl MemberSink<'_> {
+    fn on_delivery(&mut self, p: &LanePublish, now: u64) {
+        let (cfg, m) = (self.cfg, &mut self.m);
+        let r = &mut m.r;
+        if p.dup {
+            r.dup_flag += 1;
+        }
+        let Some((ts, lane, seq, nonce)) = p.header else {
+            r.stale += 1;
+            return;
+        };
+        if nonce != cfg.nonce || lane as usize >= self.seen.len() {
+            r.stale += 1;
+            return;
+        }
+        r.delivered += 1;
+        m.first_ns.get_or_insert(now);
+        cfg.state.delivered.fetch_add(1, Ordering::Relaxed);
+        self.seen[lane as usize] = true;
+        if ts >= cfg.measure_start_ns {
+            r.delivered_measured += 1;
+            m.hist.saturating_record(now.saturating_sub(ts).max(1));
+        }
+        let l = lane as usize;
+        m.got.insert(u64::from(lane) << 32 | u64::from(seq));
+        let prev = cfg.state.seq[l].fetch_max(u64::from(seq) + 1, Ordering::Relaxed);
+        if u64::from(seq) < prev {
+            r.seq_backwards += 1;
+        } else if u64::from(seq) > prev {
+            r.seq_gaps += 1;
+        }
+        match (p.lane_prop, p.lane_offset) {
+            (Some(lp), Some(off)) => {
+                if lp != Some(lane) || p.topic_lane != Some(lane) {
+                    r.lane_mismatch += 1;
+                }
+                let prev = cfg.state.offset[l].fetch_max(off + 1, Ordering::Relaxed);
+                if prev != 0 {
+                    if off < prev {
+                        r.offset_backwards += 1;
+                        r.offset_breaks += 1;
+                    } else if off != prev {
+                        r.offset_breaks += 1;
                     }
-                    Some(_) => continue,
-                    None => break,
                 }
             }
-            let Some((rl, used)) = get_varint(&b[1..])? else {
-                break;
-            };
-            let total = 1 + used + rl;
-            if b.len() < total {
-                break;
-            }
-            let p = parse_publish(b[0], &b[1 + used..total])?;
-            c.rbuf.advance(total);
-            on_delivery(&p, cfg, now, m, seen);
-            match p.qos {
-                1 => mqtt::ack(&mut acks, mqtt::PUBACK, p.pid),
-                2 => mqtt::ack(&mut acks, mqtt::PUBREC, p.pid),
-                _ => {}
-            }
-        }
-        if !acks.is_empty() {
-            tokio::select! {
-                biased;
-                _ = stop.changed() => return Ok(()),
-                res = c.wr.write_all(&acks) => res?,
-            }
-            acks.clear();
-        }
-        c.ensure_read_space_later();
-        tokio::select! {
-            biased;
-            _ = stop.changed() => return Ok(()),
-            res = c.rd.read_buf(&mut c.rbuf) => {
-                if res? == 0 {
-                    bail!("connection closed by broker");
-                }
-            }
+            _ => r.missing_props += 1,
         }
     }
 }
@@ -1138,37 +888,14 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     // The group first: every member subscribed before anything is published.
     let filter = format!("$share/{}/{}/+/#", lo.group, lo.parent);
     let prop = (lo.offset != "none").then_some(("lane-offset", lo.offset.as_str()));
-    let mut members = Vec::new();
-    for i in 0..lo.members {
-        let mut c = tokio::time::timeout_at(
-            deadline.into(),
-            Conn::open(
-                &opts.addr(),
-                Version::V5,
-                &client_id("lm", i),
-                opts.keepalive,
-                256 * 1024,
-            ),
-        )
-        .await
-        .context("timed out connecting group members")??;
-        let mut out = BytesMut::new();
-        mqtt::subscribe_v5(&mut out, 1, &filter, 1, prop);
-        c.wr.write_all(&out).await?;
-        // The SUBACK comes before any delivery of this subscription.
-        match tokio::time::timeout(Duration::from_secs(15), c.next_frame())
-            .await
-            .context("SUBACK timed out")??
-        {
-            Frame::SubAck { worst_reason, .. } if worst_reason < 0x80 => {
-                rep.granted.push(worst_reason)
-            }
-            Frame::SubAck { worst_reason, .. } => {
-                bail!("subscribe to {filter} refused: {worst_reason:#x}")
-            }
-            other => bail!("expected SUBACK to {filter}, got {other:?}"),
-        }
-        members.push(c);
+    let mut members = tokio::time::timeout_at(
+        deadline.into(),
+        connect_many(opts, "lm", lo.members, 256 * 1024, Version::V5),
+    )
+    .await
+    .context("timed out connecting group members")??;
+    for c in &mut members {
+        rep.granted.push(c.subscribe_v5(&filter, 1, prop).await?);
     }
     // Lanes created during the run: up to --lanes-new-rate per second of the whole run.
     let fresh = (lo.new_rate as f64 * (opts.warmup + duration + 1.0)).ceil() as u32;
@@ -1233,25 +960,8 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
 
     // Drain: until every message of this run arrived (duplicates aside), no progress for
     // --drain seconds, or the deadline.
-    let drain = Duration::from_secs_f64(opts.drain);
-    let mut last = state.delivered.load(Ordering::Relaxed);
-    let mut last_progress = Instant::now();
-    while !report.timed_out {
-        let got = state.delivered.load(Ordering::Relaxed);
-        if got >= published {
-            break;
-        }
-        if got != last {
-            last = got;
-            last_progress = Instant::now();
-        } else if last_progress.elapsed() >= drain {
-            break;
-        }
-        if Instant::now() >= deadline {
-            report.timed_out = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if !report.timed_out {
+        report.timed_out = drain(&state.delivered, published, opts.drain, deadline).await;
     }
     let _ = stop_sub_tx.send(true);
     let mut mres = Vec::new();
@@ -1266,12 +976,7 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         report.broker_rss_max_kb = h.await.ok().flatten();
     }
 
-    sum_publishers(&res, &mut rep, &mut report.errors);
-    let first = res
-        .iter()
-        .filter_map(|p| p.first_send_ns)
-        .min()
-        .unwrap_or(0);
+    let first = sum_publishers(&res, &mut rep, &mut report.errors);
     let last_send = res.iter().map(|p| p.last_send_ns).max().unwrap_or(0);
     rep.publish_secs = last_send.saturating_sub(first) as f64 / 1e9;
     if rep.publish_secs > 0.0 {
@@ -1314,29 +1019,17 @@ async fn run_active(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     rep.duplicates = rep.delivered - rep.delivered_unique;
     rep.first_delivery_secs = first_delivery.map(|f| f.saturating_sub(first) as f64 / 1e9);
     rep.lost = rep.published as i64 - rep.delivered_unique as i64;
-    if !hist.is_empty() {
-        let us = |ns: u64| ns as f64 / 1e3;
-        let l = LaneLatency {
-            samples: hist.len(),
-            mean_us: hist.mean() / 1e3,
-            p50_us: us(hist.value_at_quantile(0.50)),
-            p90_us: us(hist.value_at_quantile(0.90)),
-            p95_us: us(hist.value_at_quantile(0.95)),
-            p99_us: us(hist.value_at_quantile(0.99)),
-            p999_us: us(hist.value_at_quantile(0.999)),
-            max_us: us(hist.max()),
-        };
-        report.latency = Some(Latency {
-            samples: l.samples,
-            mean_us: l.mean_us,
-            p50_us: l.p50_us,
-            p90_us: l.p90_us,
-            p99_us: l.p99_us,
-            p999_us: l.p999_us,
-            max_us: l.max_us,
-        });
-        rep.latency = Some(l);
-    }
+    report.latency = Latency::from_histogram(&hist);
+    rep.latency = report.latency.as_ref().map(|l| LaneLatency {
+        samples: l.samples,
+        mean_us: l.mean_us,
+        p50_us: l.p50_us,
+        p90_us: l.p90_us,
+        p95_us: quantile_us(&hist, 0.95),
+        p99_us: l.p99_us,
+        p999_us: l.p999_us,
+        max_us: l.max_us,
+    });
     report.published = rep.published;
     report.received = rep.delivered;
     report.expected = rep.published;
@@ -1423,20 +1116,48 @@ mod tests {
         assert!(got.iter().filter(|x| x.0 >= 100).all(|x| x.1 == 0));
     }
 
+    /// One frame through the generator's parser, read as a member reads it.
+    fn read_lane_publish(b: &mut BytesMut) -> (mqtt::Frame, LanePublish) {
+        let mut lp = None;
+        let f = mqtt::parse_with(b, Version::V5, |p| lp = Some(LanePublish::read(p)))
+            .unwrap()
+            .unwrap();
+        (f, lp.unwrap())
+    }
+
     #[test]
     fn publish_roundtrip_with_lane_props() {
+        use bytes::BufMut;
+        // As a lanes publisher writes it.
+        let t = PublishTemplate::new(Version::V5, "agents", 1, HEADER + 2);
         let mut b = BytesMut::new();
-        put_publish(&mut b, "agents/l-42/x", 9, 123, 42, 7, 99, b"zz");
-        let hdr = b[0];
-        let (rl, used) = get_varint(&b[1..]).unwrap().unwrap();
-        let p = parse_publish(hdr, &b[1 + used..1 + used + rl]).unwrap();
-        assert_eq!(p.qos, 1);
-        assert_eq!(p.pid, 9);
+        t.write_to(
+            &mut b,
+            "agents/l-42/x",
+            9,
+            123,
+            42 << 32 | 7,
+            &99u64.to_be_bytes(),
+        );
+        assert_eq!(b.len(), 2 + 2 + 13 + 2 + 1 + HEADER + 2);
+        let (f, p) = read_lane_publish(&mut b);
+        assert!(b.is_empty());
+        assert_eq!(
+            f,
+            mqtt::Frame::Publish {
+                qos: 1,
+                pid: 9,
+                ts: Some(123)
+            }
+        );
+        assert!(!p.dup);
         assert_eq!(p.topic_lane, Some(42));
         assert_eq!(p.header, Some((123, 42, 7, 99)));
         assert_eq!(p.lane_prop, None);
+        assert_eq!(p.lane_offset, None);
 
-        // The same PUBLISH as the broker would deliver it: user properties lane, lane-offset.
+        // The same PUBLISH as the broker would deliver it (DUP=1): user properties lane,
+        // lane-offset, and a subscription identifier.
         let topic = b"agents/l-42/x";
         let mut props = BytesMut::new();
         for (k, v) in [("lane", "l-42"), ("lane-offset", "17")] {
@@ -1458,25 +1179,21 @@ mod tests {
         body.put_u32(42);
         body.put_u32(3);
         body.put_u64(99);
-        let p = parse_publish(0x3a, &body).unwrap();
+        let mut b = BytesMut::new();
+        b.put_u8(0x3a);
+        mqtt::put_varint(&mut b, body.len());
+        b.put_slice(&body);
+        let (f, p) = read_lane_publish(&mut b);
+        assert!(matches!(f, mqtt::Frame::Publish { qos: 1, pid: 5, .. }));
         assert!(p.dup);
+        assert_eq!(p.topic_lane, Some(42));
         assert_eq!(p.lane_prop, Some(Some(42)));
         assert_eq!(p.lane_offset, Some(17));
         assert_eq!(p.header, Some((1, 42, 3, 99)));
-    }
 
-    #[test]
-    fn subscribe_frame_with_property() {
+        // A payload shorter than the header: not this run's.
         let mut b = BytesMut::new();
-        mqtt::subscribe_v5(
-            &mut b,
-            1,
-            "$share/g/agents/+/#",
-            1,
-            Some(("lane-offset", "latest")),
-        );
-        let (rl, used) = get_varint(&b[1..]).unwrap().unwrap();
-        assert_eq!(b.len(), 1 + used + rl);
-        assert_eq!(b[0], 0x82);
+        PublishTemplate::new(Version::V5, "agents/l-1/x", 0, 20).write(&mut b, 0, 1, 2);
+        assert_eq!(read_lane_publish(&mut b).1.header, None);
     }
 }

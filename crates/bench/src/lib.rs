@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -28,7 +29,7 @@ mod replay;
 pub mod rss;
 
 use conn::Conn;
-use load::{PubCfg, Shared};
+use load::{Pace, PubCfg, Shared};
 use mqtt::{PublishTemplate, Version};
 
 pub use idle::IdleReport;
@@ -251,6 +252,29 @@ pub struct Latency {
     pub p99_us: f64,
     pub p999_us: f64,
     pub max_us: f64,
+}
+
+impl Latency {
+    /// The percentiles of a histogram of nanoseconds; None when it is empty.
+    pub fn from_histogram(hist: &Histogram<u64>) -> Option<Latency> {
+        if hist.is_empty() {
+            return None;
+        }
+        Some(Latency {
+            samples: hist.len(),
+            mean_us: hist.mean() / 1e3,
+            p50_us: quantile_us(hist, 0.50),
+            p90_us: quantile_us(hist, 0.90),
+            p99_us: quantile_us(hist, 0.99),
+            p999_us: quantile_us(hist, 0.999),
+            max_us: hist.max() as f64 / 1e3,
+        })
+    }
+}
+
+/// A quantile of a histogram of nanoseconds, in microseconds.
+fn quantile_us(hist: &Histogram<u64>, q: f64) -> f64 {
+    hist.value_at_quantile(q) as f64 / 1e3
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -514,15 +538,15 @@ pub async fn connect_stuck(opts: &BenchOpts) -> anyhow::Result<Vec<Conn>> {
     Ok(stuck)
 }
 
-/// Connect `n` clients with at most `concurrency` handshakes at once.
+/// Connect `n` clients with at most `--connect-concurrency` handshakes at once.
 async fn connect_many(
     opts: &BenchOpts,
     role: &'static str,
     n: usize,
     read_chunk: usize,
+    version: Version,
 ) -> anyhow::Result<Vec<Conn>> {
     let addr = opts.addr();
-    let version = opts.version();
     let sem = Arc::new(tokio::sync::Semaphore::new(opts.connect_concurrency));
     let mut set = JoinSet::new();
     for i in 0..n {
@@ -577,7 +601,7 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     // Subscribers first, all subscribed before anything is published.
     let mut subs = tokio::time::timeout_at(
         hard_deadline.into(),
-        connect_many(opts, "s", opts.subscribers, 256 * 1024),
+        connect_many(opts, "s", opts.subscribers, 256 * 1024, version),
     )
     .await
     .context("timed out connecting subscribers")??;
@@ -597,7 +621,7 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     }
     let pubs = tokio::time::timeout_at(
         hard_deadline.into(),
-        connect_many(opts, "p", opts.publishers, 16 * 1024),
+        connect_many(opts, "p", opts.publishers, 16 * 1024, version),
     )
     .await
     .context("timed out connecting publishers")??;
@@ -626,16 +650,6 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     let per_pub_rate = opts.rate as f64 / opts.publishers as f64;
     let mut pub_tasks = JoinSet::new();
     for (i, c) in pubs.into_iter().enumerate() {
-        let window = match c.receive_max {
-            Some(m) => opts.inflight.min(usize::from(m)).max(1),
-            None => opts.inflight.min(65_000),
-        };
-        // Spread publishers evenly over one rate interval.
-        let phase = if opts.rate > 0 {
-            Duration::from_secs_f64(i as f64 / opts.rate as f64)
-        } else {
-            Duration::ZERO
-        };
         let cfg = PubCfg {
             id: i as u32,
             template: PublishTemplate::new(
@@ -644,12 +658,14 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
                 opts.qos,
                 opts.payload as usize,
             ),
-            qos: opts.qos,
-            rate: per_pub_rate,
-            count: opts.count,
-            start: start + phase,
-            end,
-            window,
+            pace: Pace {
+                qos: opts.qos,
+                rate: per_pub_rate,
+                count: opts.count,
+                start: start + load::stagger(i, opts.rate),
+                end,
+                window: c.window(opts.inflight),
+            },
             subs_per_msg: subs_per_msg(i),
         };
         pub_tasks.spawn(load::publisher(c, cfg, shared.clone(), stop_pub_rx.clone()));
@@ -660,45 +676,19 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
 
     // Publishers end by themselves (duration/count); the hard deadline aborts them.
     let mut pub_results = Vec::new();
-    loop {
-        tokio::select! {
-            r = pub_tasks.join_next() => match r {
-                Some(r) => pub_results.push(r.context("publisher task panicked")?),
-                None => break,
-            },
-            _ = tokio::time::sleep_until(hard_deadline.into()) => {
-                report.timed_out = true;
-                let _ = stop_pub_tx.send(true);
-                break;
-            }
-        }
-    }
-    if report.timed_out {
-        collect_bounded(&mut pub_tasks, &mut pub_results).await;
-    }
+    report.timed_out = join_publishers(
+        &mut pub_tasks,
+        hard_deadline,
+        &stop_pub_tx,
+        &mut pub_results,
+    )
+    .await?;
 
     // Drain: wait until everything expected has arrived, or no progress
     // for --drain seconds, or the hard deadline.
-    let expected_all = shared.expected.load(Ordering::Relaxed);
-    let mut last = shared.received.load(Ordering::Relaxed);
-    let mut last_progress = Instant::now();
-    let drain = Duration::from_secs_f64(opts.drain);
-    while !report.timed_out {
-        let got = shared.received.load(Ordering::Relaxed);
-        if got >= expected_all {
-            break;
-        }
-        if got != last {
-            last = got;
-            last_progress = Instant::now();
-        } else if last_progress.elapsed() >= drain {
-            break;
-        }
-        if Instant::now() >= hard_deadline {
-            report.timed_out = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if !report.timed_out {
+        let expected_all = shared.expected.load(Ordering::Relaxed);
+        report.timed_out = drain(&shared.received, expected_all, opts.drain, hard_deadline).await;
     }
     let _ = stop_sub_tx.send(true);
     let mut sub_results = Vec::new();
@@ -750,20 +740,55 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     if recv_secs > 0.0 {
         report.msgs_per_sec_out = report.received as f64 / recv_secs;
     }
-    if !hist.is_empty() {
-        let us = |ns: u64| ns as f64 / 1e3;
-        report.latency = Some(Latency {
-            samples: hist.len(),
-            mean_us: hist.mean() / 1e3,
-            p50_us: us(hist.value_at_quantile(0.50)),
-            p90_us: us(hist.value_at_quantile(0.90)),
-            p99_us: us(hist.value_at_quantile(0.99)),
-            p999_us: us(hist.value_at_quantile(0.999)),
-            max_us: us(hist.max()),
-        });
-    }
+    report.latency = Latency::from_histogram(&hist);
     report.elapsed_s = t0.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Wait for all publishers, or stop them at `deadline` (returns true when it hit).
+async fn join_publishers<T: 'static>(
+    set: &mut JoinSet<T>,
+    deadline: Instant,
+    stop: &watch::Sender<bool>,
+    out: &mut Vec<T>,
+) -> anyhow::Result<bool> {
+    loop {
+        tokio::select! {
+            r = set.join_next() => match r {
+                Some(r) => out.push(r.context("publisher task panicked")?),
+                None => return Ok(false),
+            },
+            _ = tokio::time::sleep_until(deadline.into()) => {
+                let _ = stop.send(true);
+                collect_bounded(set, out).await;
+                return Ok(true);
+            }
+        }
+    }
+}
+
+/// After the publishers: wait until `received` reaches `target`, or it made no
+/// progress for `idle_secs`; true when `deadline` came first.
+async fn drain(received: &AtomicU64, target: u64, idle_secs: f64, deadline: Instant) -> bool {
+    let idle = Duration::from_secs_f64(idle_secs);
+    let mut last = received.load(Ordering::Relaxed);
+    let mut last_progress = Instant::now();
+    loop {
+        let got = received.load(Ordering::Relaxed);
+        if got >= target {
+            return false;
+        }
+        if got != last {
+            last = got;
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() >= idle {
+            return false;
+        }
+        if Instant::now() >= deadline {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Join the remaining tasks, aborting any still running after 5 s.

@@ -2,8 +2,10 @@
 //!
 //! Only what the load generator needs: CONNECT, SUBSCRIBE, PUBLISH and the
 //! QoS 1/2 acknowledgements, PINGREQ and DISCONNECT, all without properties
-//! on the way out. Incoming v5 properties are skipped, except the CONNACK
-//! Receive Maximum, which bounds the publisher's inflight window.
+//! on the way out (but a SUBSCRIBE's user property). Incoming v5 properties
+//! are checked and skipped, except the CONNACK Receive Maximum, which bounds
+//! the publisher's inflight window, and a PUBLISH's user properties, which
+//! [`parse_with`] hands out with the rest of the PUBLISH ([`Publish`]).
 
 use anyhow::{bail, Context};
 use bytes::{Buf, BufMut, BytesMut};
@@ -48,6 +50,7 @@ pub fn put_varint(buf: &mut BytesMut, mut n: usize) {
     }
 }
 
+#[cfg(test)]
 fn varint_len(n: usize) -> usize {
     match n {
         0..=127 => 1,
@@ -177,39 +180,66 @@ pub fn disconnect(buf: &mut BytesMut) {
     buf.put_slice(&[DISCONNECT << 4, 0]);
 }
 
+/// Payload bytes of the stamp every bench PUBLISH starts with: the send time
+/// in nanoseconds since the run's base instant and a tag (u64 BE each).
+pub const STAMP_LEN: usize = 16;
+
+/// Append the start of a PUBLISH without properties: fixed header, topic,
+/// packet id (QoS > 0) and, for MQTT 5, the empty property block;
+/// `payload_len` payload bytes must follow.
+fn put_publish_head(
+    buf: &mut BytesMut,
+    v: Version,
+    qos: u8,
+    topic: &[u8],
+    pid: u16,
+    payload_len: usize,
+) {
+    let pid_len = if qos > 0 { 2 } else { 0 };
+    let rl = 2 + topic.len() + pid_len + usize::from(v.is_v5()) + payload_len;
+    buf.put_u8((PUBLISH << 4) | ((qos & 0x03) << 1));
+    put_varint(buf, rl);
+    put_str(buf, topic);
+    if qos > 0 {
+        buf.put_u16(pid);
+    }
+    if v.is_v5() {
+        buf.put_u8(0);
+    }
+}
+
 /// A pre-encoded PUBLISH frame; per message only the packet id and the
-/// first 16 payload bytes are patched.
+/// stamp (the first [`STAMP_LEN`] payload bytes) are patched. The payload
+/// after the stamp is filler; [`PublishTemplate::write_to`] sends the same
+/// PUBLISH to another topic.
 #[derive(Clone, Debug)]
 pub struct PublishTemplate {
     frame: Vec<u8>,
+    version: Version,
+    qos: u8,
     pid_at: Option<usize>,
     payload_at: usize,
 }
 
 impl PublishTemplate {
     pub fn new(v: Version, topic: &str, qos: u8, payload_len: usize) -> Self {
-        let pid = if qos > 0 { 2 } else { 0 };
-        let props = usize::from(v.is_v5());
-        let rl = 2 + topic.len() + pid + props + payload_len;
-        let mut b = BytesMut::with_capacity(1 + varint_len(rl) + rl);
-        b.put_u8((PUBLISH << 4) | ((qos & 0x03) << 1));
-        put_varint(&mut b, rl);
-        put_str(&mut b, topic.as_bytes());
+        let qos = qos & 0x03;
+        let mut b = BytesMut::new();
+        put_publish_head(&mut b, v, qos, topic.as_bytes(), 0, payload_len);
+        let payload_at = b.len();
+        // The packet id is just before the (v5) property block.
         let pid_at = if qos > 0 {
-            let at = b.len();
-            b.put_u16(0);
-            Some(at)
+            Some(payload_at - usize::from(v.is_v5()) - 2)
         } else {
             None
         };
-        if v.is_v5() {
-            b.put_u8(0);
-        }
-        let payload_at = b.len();
-        // Recognisable filler after the 16-byte header.
+        b.reserve(payload_len);
+        // Recognisable filler after the stamp.
         b.extend((0..payload_len).map(|i| b'a' + (i % 26) as u8));
         PublishTemplate {
             frame: b.to_vec(),
+            version: v,
+            qos,
             pid_at,
             payload_at,
         }
@@ -232,10 +262,115 @@ impl PublishTemplate {
         f[p..p + 8].copy_from_slice(&ts.to_be_bytes());
         f[p + 8..p + 16].copy_from_slice(&tag.to_be_bytes());
     }
+
+    /// Append the template's PUBLISH (version, QoS, payload length) to `topic`
+    /// instead of its own: packet id `pid`, payload = the stamp (`ts`, `tag`),
+    /// then `extra`, then the rest of the filler (the payload grows when the
+    /// template's is shorter than the stamp and `extra`).
+    pub fn write_to(
+        &self,
+        buf: &mut BytesMut,
+        topic: &str,
+        pid: u16,
+        ts: u64,
+        tag: u64,
+        extra: &[u8],
+    ) {
+        let filler = self
+            .frame
+            .get(self.payload_at + STAMP_LEN + extra.len()..)
+            .unwrap_or_default();
+        let payload_len = STAMP_LEN + extra.len() + filler.len();
+        put_publish_head(
+            buf,
+            self.version,
+            self.qos,
+            topic.as_bytes(),
+            pid,
+            payload_len,
+        );
+        buf.put_u64(ts);
+        buf.put_u64(tag);
+        buf.put_slice(extra);
+        buf.put_slice(filler);
+    }
 }
 
-/// One parsed frame, borrowing nothing (the caller reads the payload
-/// header fields it needs before the buffer is advanced).
+/// The u64 (big endian) at `at` in `b`, if `b` is that long.
+pub fn be_u64(b: &[u8], at: usize) -> Option<u64> {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_be_bytes)
+}
+
+/// A PUBLISH as read, borrowing the receive buffer (see [`parse_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Publish<'a> {
+    pub qos: u8,
+    pub dup: bool,
+    pub pid: u16,
+    pub topic: &'a [u8],
+    /// The part of the (checked) v5 property block from its first user
+    /// property to the end of its last; empty when there is none.
+    user_props: &'a [u8],
+    pub payload: &'a [u8],
+}
+
+impl<'a> Publish<'a> {
+    /// Decode the body (after the fixed header) of a PUBLISH; the v5
+    /// properties are checked.
+    fn decode(header: u8, body: &'a [u8], v: Version) -> anyhow::Result<Self> {
+        let qos = (header >> 1) & 0x03;
+        let tlen = usize::from(u16_at(body, 0).context("short PUBLISH")?);
+        let topic = body.get(2..2 + tlen).context("short PUBLISH")?;
+        let mut at = 2 + tlen;
+        let mut pid = 0;
+        if qos > 0 {
+            pid = u16_at(body, at).context("short PUBLISH")?;
+            at += 2;
+        }
+        let mut user_props: &[u8] = &[];
+        if v.is_v5() {
+            if body.len() <= at {
+                bail!("short PUBLISH");
+            }
+            let (props, used) = prop_block(&body[at..])?;
+            user_props = check_props(props)?;
+            at += used;
+        }
+        Ok(Publish {
+            qos,
+            dup: header & 0x08 != 0,
+            pid,
+            topic,
+            user_props,
+            payload: body.get(at..).unwrap_or_default(),
+        })
+    }
+
+    /// The send time of the stamp (first 8 payload bytes), if the payload is that long.
+    pub fn ts(&self) -> Option<u64> {
+        be_u64(self.payload, 0)
+    }
+
+    /// The tag of the stamp (payload bytes 8..16), if the payload is that long.
+    pub fn tag(&self) -> Option<u64> {
+        be_u64(self.payload, 8)
+    }
+
+    /// The user properties (name, value), in order.
+    pub fn user_properties(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+        Props(self.user_props)
+            .filter(|&(id, _)| id == USER_PROPERTY)
+            .filter_map(|(_, v)| {
+                let k = usize::from(u16_at(v, 0)?);
+                Some((v.get(2..2 + k)?, v.get(4 + k..)?))
+            })
+    }
+}
+
+/// One parsed frame, borrowing nothing (a caller that needs more of a
+/// PUBLISH reads it in [`parse_with`]'s `inspect`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Frame {
     ConnAck {
@@ -245,7 +380,7 @@ pub enum Frame {
     Publish {
         qos: u8,
         pid: u16,
-        /// First 16 payload bytes when the payload is that long.
+        /// The stamp's send time when the payload is that long.
         ts: Option<u64>,
     },
     /// PUBACK / PUBREC / PUBREL / PUBCOMP
@@ -283,56 +418,115 @@ fn get_varint(b: &[u8]) -> anyhow::Result<Option<(usize, usize)>> {
     Ok(None)
 }
 
+const USER_PROPERTY: u8 = 0x26;
+const RECEIVE_MAXIMUM: u8 = 0x21;
+
+/// The u16 (big endian) at `at` in `b`, if `b` is that long.
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    b.get(at..at + 2).map(|x| u16::from_be_bytes([x[0], x[1]]))
+}
+
+/// The v5 property block at the start of `b`: (its properties without the
+/// length, bytes used in all).
+fn prop_block(b: &[u8]) -> anyhow::Result<(&[u8], usize)> {
+    let (len, used) = get_varint(b)?.context("truncated property length")?;
+    let end = used + len;
+    let props = b.get(used..end).context("truncated properties")?;
+    Ok((props, end))
+}
+
+/// A malformed property.
+#[derive(Debug)]
+enum BadProperty {
+    Unknown(u8),
+    Truncated,
+}
+
+/// The first property of `p`: (id, value bytes, rest).
+#[inline]
+fn next_prop(p: &[u8]) -> Result<(u8, &[u8], &[u8]), BadProperty> {
+    // Every property id is below 0x80: a one-byte variable byte integer.
+    let (&id, p) = p.split_first().ok_or(BadProperty::Truncated)?;
+    let str_len = |at: usize| u16_at(p, at).map(usize::from).ok_or(BadProperty::Truncated);
+    let need = match id {
+        0x01 | 0x17 | 0x19 | 0x24 | 0x25 | 0x28 | 0x29 | 0x2A => 1,
+        0x13 | 0x21 | 0x22 | 0x23 => 2,
+        0x02 | 0x11 | 0x18 | 0x27 => 4,
+        0x0B => match get_varint(p) {
+            Ok(Some((_, used))) => used,
+            _ => return Err(BadProperty::Truncated),
+        },
+        0x03 | 0x08 | 0x09 | 0x12 | 0x15 | 0x16 | 0x1A | 0x1C | 0x1F => 2 + str_len(0)?,
+        USER_PROPERTY => {
+            let k = 2 + str_len(0)?;
+            k + 2 + str_len(k)?
+        }
+        other => return Err(BadProperty::Unknown(other)),
+    };
+    match (p.get(..need), p.get(need..)) {
+        (Some(value), Some(rest)) => Ok((id, value, rest)),
+        _ => Err(BadProperty::Truncated),
+    }
+}
+
+/// Check every property of a property block (without its length); the
+/// part from its first user property to the end of its last (empty when
+/// there is none).
+fn check_props(props: &[u8]) -> anyhow::Result<&[u8]> {
+    let (mut first, mut end) = (None, 0);
+    let mut p = props;
+    while !p.is_empty() {
+        let (id, _, rest) = next_prop(p).map_err(|e| match e {
+            BadProperty::Unknown(id) => anyhow::anyhow!("unknown property id {id:#x}"),
+            BadProperty::Truncated => anyhow::anyhow!("truncated property"),
+        })?;
+        if id == USER_PROPERTY {
+            first.get_or_insert(props.len() - p.len());
+            end = props.len() - rest.len();
+        }
+        p = rest;
+    }
+    Ok(first.map_or(&[][..], |f| &props[f..end]))
+}
+
+/// The properties of a checked property block: (id, value bytes).
+struct Props<'a>(&'a [u8]);
+
+impl<'a> Iterator for Props<'a> {
+    type Item = (u8, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (id, value, rest) = next_prop(self.0).ok()?;
+        self.0 = rest;
+        Some((id, value))
+    }
+}
+
 /// Skip a v5 property block at the start of `b`, returning the bytes used
 /// and the Receive Maximum if present.
 fn skip_props(b: &[u8]) -> anyhow::Result<(usize, Option<u16>)> {
-    let (len, used) = get_varint(b)?.context("truncated property length")?;
-    let end = used + len;
-    if end > b.len() {
-        bail!("truncated properties");
-    }
-    let mut p = &b[used..end];
-    let mut receive_max = None;
-    while !p.is_empty() {
-        let (id, u) = get_varint(p)?.context("truncated property id")?;
-        p = &p[u..];
-        let need = match id {
-            0x01 | 0x17 | 0x19 | 0x24 | 0x25 | 0x28 | 0x29 | 0x2A => 1,
-            0x13 | 0x21 | 0x22 | 0x23 => 2,
-            0x02 | 0x11 | 0x18 | 0x27 => 4,
-            0x0B => get_varint(p)?.context("truncated varint property")?.1,
-            0x03 | 0x08 | 0x09 | 0x12 | 0x15 | 0x16 | 0x1A | 0x1C | 0x1F => {
-                if p.len() < 2 {
-                    bail!("truncated property");
-                }
-                2 + usize::from(u16::from_be_bytes([p[0], p[1]]))
-            }
-            0x26 => {
-                if p.len() < 2 {
-                    bail!("truncated property");
-                }
-                let k = 2 + usize::from(u16::from_be_bytes([p[0], p[1]]));
-                if p.len() < k + 2 {
-                    bail!("truncated property");
-                }
-                k + 2 + usize::from(u16::from_be_bytes([p[k], p[k + 1]]))
-            }
-            other => bail!("unknown property id {other:#x}"),
-        };
-        if p.len() < need {
-            bail!("truncated property");
-        }
-        if id == 0x21 {
-            receive_max = Some(u16::from_be_bytes([p[0], p[1]]));
-        }
-        p = &p[need..];
-    }
-    Ok((end, receive_max))
+    let (props, used) = prop_block(b)?;
+    check_props(props)?;
+    let receive_max = Props(props)
+        .filter(|&(id, _)| id == RECEIVE_MAXIMUM)
+        .filter_map(|(_, value)| u16_at(value, 0))
+        .last();
+    Ok((used, receive_max))
 }
 
 /// Parse one complete frame from the front of `buf` and advance past it;
 /// `Ok(None)` when more bytes are needed.
 pub fn parse(buf: &mut BytesMut, v: Version) -> anyhow::Result<Option<Frame>> {
+    parse_with(buf, v, |_| {})
+}
+
+/// [`parse`], handing a PUBLISH to `inspect` before the buffer advances past
+/// it: the way to read its topic, user properties or payload.
+pub fn parse_with(
+    buf: &mut BytesMut,
+    v: Version,
+    inspect: impl FnOnce(&Publish<'_>),
+) -> anyhow::Result<Option<Frame>> {
     if buf.len() < 2 {
         return Ok(None);
     }
@@ -348,31 +542,13 @@ pub fn parse(buf: &mut BytesMut, v: Version) -> anyhow::Result<Option<Frame>> {
     let kind = header >> 4;
     let frame = match kind {
         PUBLISH => {
-            let qos = (header >> 1) & 0x03;
-            if body.len() < 2 {
-                bail!("short PUBLISH");
+            let p = Publish::decode(header, body, v)?;
+            inspect(&p);
+            Frame::Publish {
+                qos: p.qos,
+                pid: p.pid,
+                ts: p.ts(),
             }
-            let tlen = usize::from(u16::from_be_bytes([body[0], body[1]]));
-            let mut at = 2 + tlen;
-            let mut pid = 0;
-            if qos > 0 {
-                if body.len() < at + 2 {
-                    bail!("short PUBLISH");
-                }
-                pid = u16::from_be_bytes([body[at], body[at + 1]]);
-                at += 2;
-            }
-            if v.is_v5() {
-                if body.len() <= at {
-                    bail!("short PUBLISH");
-                }
-                at += skip_props(&body[at..])?.0;
-            }
-            let payload = body.get(at..).unwrap_or_default();
-            let ts = payload
-                .get(0..8)
-                .map(|b| u64::from_be_bytes(b.try_into().expect("slice of 8")));
-            Frame::Publish { qos, pid, ts }
         }
         PUBACK | PUBREC | PUBREL | PUBCOMP => {
             if body.len() < 2 {
@@ -511,5 +687,137 @@ mod tests {
             parse(&mut b, Version::V311).unwrap(),
             Some(Frame::Publish { ts: Some(1), .. })
         ));
+    }
+
+    #[test]
+    fn subscribe_frame_with_property() {
+        let mut b = BytesMut::new();
+        subscribe_v5(
+            &mut b,
+            1,
+            "$share/g/agents/+/#",
+            1,
+            Some(("lane-offset", "latest")),
+        );
+        let (rl, used) = get_varint(&b[1..]).unwrap().unwrap();
+        assert_eq!(b.len(), 1 + used + rl);
+        assert_eq!(b[0], 0x82);
+    }
+
+    /// Parse one PUBLISH, returning what `inspect` saw: (dup, topic, user properties, payload).
+    #[allow(clippy::type_complexity)]
+    fn inspect(
+        b: &mut BytesMut,
+        v: Version,
+    ) -> (Frame, bool, Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>, Vec<u8>) {
+        let mut seen = None;
+        let f = parse_with(b, v, |p| {
+            let props = p
+                .user_properties()
+                .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                .collect();
+            seen = Some((p.dup, p.topic.to_vec(), props, p.payload.to_vec()));
+        })
+        .unwrap()
+        .unwrap();
+        let (dup, topic, props, payload) = seen.unwrap();
+        (f, dup, topic, props, payload)
+    }
+
+    #[test]
+    fn write_to_another_topic() {
+        for v in [Version::V311, Version::V5] {
+            for qos in 0..=2 {
+                let t = PublishTemplate::new(v, "x", qos, 30);
+                let mut b = BytesMut::new();
+                t.write_to(&mut b, "a/longer/topic", 7, 11, 12, b"nonce-08");
+                t.write(&mut b, 8, 13, 14);
+                let (f, dup, topic, props, payload) = inspect(&mut b, v);
+                let pid = if qos > 0 { 7 } else { 0 };
+                assert_eq!(
+                    f,
+                    Frame::Publish {
+                        qos,
+                        pid,
+                        ts: Some(11)
+                    }
+                );
+                assert!(!dup);
+                assert_eq!(topic, b"a/longer/topic");
+                assert!(props.is_empty());
+                assert_eq!(payload.len(), 30);
+                assert_eq!(be_u64(&payload, 8), Some(12));
+                assert_eq!(&payload[16..24], b"nonce-08");
+                // The template's own frame follows intact.
+                let (_, _, topic, _, payload) = inspect(&mut b, v);
+                assert_eq!(topic, b"x");
+                assert_eq!(
+                    (be_u64(&payload, 0), be_u64(&payload, 8)),
+                    (Some(13), Some(14))
+                );
+                assert!(b.is_empty());
+            }
+        }
+        // A template payload shorter than stamp + extra: the payload grows.
+        let t = PublishTemplate::new(Version::V5, "x", 1, 16);
+        let mut b = BytesMut::new();
+        t.write_to(&mut b, "y", 1, 2, 3, b"12345678");
+        let (_, _, _, _, payload) = inspect(&mut b, Version::V5);
+        assert_eq!(payload.len(), 24);
+    }
+
+    #[test]
+    fn publish_user_properties_and_dup() {
+        // DUP=1 QoS 1 PUBLISH to "t", pid 5; props: user (k, v), subscription id 3,
+        // user (lane, l-1); payload "pl".
+        let mut props = BytesMut::new();
+        for (k, v) in [("k", "v"), ("lane", "l-1")] {
+            props.put_u8(0x26);
+            put_str(&mut props, k.as_bytes());
+            put_str(&mut props, v.as_bytes());
+            if k == "k" {
+                props.put_slice(&[0x0B, 3]);
+            }
+        }
+        let mut body = BytesMut::new();
+        put_str(&mut body, b"t");
+        body.put_u16(5);
+        put_varint(&mut body, props.len());
+        body.put_slice(&props);
+        body.put_slice(b"pl");
+        let mut b = BytesMut::new();
+        b.put_u8(0x3a);
+        put_varint(&mut b, body.len());
+        b.put_slice(&body);
+        let (f, dup, topic, props, payload) = inspect(&mut b.clone(), Version::V5);
+        assert_eq!(
+            f,
+            Frame::Publish {
+                qos: 1,
+                pid: 5,
+                ts: None
+            }
+        );
+        assert!(dup);
+        assert_eq!(topic, b"t");
+        assert_eq!(
+            props,
+            [
+                (b"k".to_vec(), b"v".to_vec()),
+                (b"lane".to_vec(), b"l-1".to_vec())
+            ]
+        );
+        assert_eq!(payload, b"pl");
+
+        // A truncated user property is an error, not a shorter list.
+        let mut bad = b.clone();
+        // Frame: header, length, topic length + "t", pid, property length, then the first
+        // property: id at 8, key length at 9..11.
+        bad[10] = 0x7f;
+        assert!(parse(&mut bad, Version::V5).is_err());
+        // An unknown property id too.
+        let mut bad = b;
+        bad[8] = 0x7e;
+        assert!(parse(&mut bad, Version::V5).is_err());
     }
 }

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use bytes::BytesMut;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,26 +45,9 @@ pub async fn run(opts: &BenchOpts, stream: &str) -> anyhow::Result<BenchReport> 
         256 * 1024,
     )
     .await?;
-    let mut out = BytesMut::new();
     let filter = format!("$stream/{stream}");
-    mqtt::subscribe_v5(
-        &mut out,
-        1,
-        &filter,
-        opts.qos,
-        Some(("stream-offset", &opts.stream_offset)),
-    );
-    c.wr.write_all(&out).await?;
-    match tokio::time::timeout(Duration::from_secs(15), c.next_frame())
-        .await
-        .context("SUBACK timed out")??
-    {
-        Frame::SubAck { worst_reason, .. } if worst_reason < 0x80 => {}
-        Frame::SubAck { worst_reason, .. } => {
-            bail!("subscribe to {filter} refused: {worst_reason:#x}")
-        }
-        other => bail!("expected SUBACK, got {other:?}"),
-    }
+    c.subscribe_with_property(&filter, opts.qos, "stream-offset", &opts.stream_offset)
+        .await?;
     let start = Instant::now();
     let mut received = 0u64;
     let mut first = None;
