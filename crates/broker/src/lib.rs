@@ -11,6 +11,7 @@ pub mod config;
 pub mod config_lines;
 pub mod connection;
 pub(crate) mod enhanced_auth;
+pub mod lazy;
 pub mod listener;
 pub mod lite;
 pub mod message;
