@@ -22,12 +22,13 @@
 //! - publishers never wait for a session: a full queue applies [`QueueOverflow`].
 
 pub use crate::config::QueueOverflow;
+use crate::lazy::{LazyMap, LazySet};
 use crate::message::{Delivery, NOT_STORED};
 use crate::persist::{Op, Persist};
 pub use crate::spill::{SpillQueue, Spilled, SpilledExtra};
 use crate::stream_sub::StreamSub;
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -219,7 +220,7 @@ pub struct SessionState {
     /// Session Expiry Interval in seconds (u32::MAX: never).
     pub expiry_s: u32,
     /// Full filters as subscribed (including `$share/<group>/`).
-    pub subscriptions: HashMap<String, Subscription>,
+    pub subscriptions: LazyMap<String, Subscription>,
     /// Deliveries in memory, sent first.
     pub queue: VecDeque<Delivery>,
     /// QoS 1/2 deliveries kept as log positions, sent after `queue`.
@@ -227,10 +228,10 @@ pub struct SessionState {
     /// Cost of `queue` (see [`crate::message::Message::cost`]).
     queued_bytes: usize,
     pub inflight: VecDeque<Inflight>,
-    pub pids_in_use: HashSet<u16>,
+    pub pids_in_use: LazySet<u16>,
     pub next_pid: u16,
     /// Inbound QoS 2 packet identifiers received and PUBREC'd, waiting for PUBREL.
-    pub inbound_qos2: HashSet<u16>,
+    pub inbound_qos2: LazySet<u16>,
     pub limits: QueueLimits,
     pub dropped: u64,
     /// Wakes the owning connection task (new deliveries, a kick). Replaced on every connect;
@@ -241,7 +242,7 @@ pub struct SessionState {
     /// During start-up replay: offsets already in the restored queue (de-duplication).
     pub replay_offsets: Option<HashSet<u64>>,
     /// Stream subscriptions by full filter (`$stream/...`, `$s/...`); not in the router.
-    pub stream_subs: HashMap<String, Arc<StreamSub>>,
+    pub stream_subs: LazyMap<String, Arc<StreamSub>>,
     /// Who the session's last connection was (username, address): the identity its
     /// subscriptions are checked as when the ACL is reloaded. `None` for a session restored
     /// after a restart until its client connects again.
@@ -306,20 +307,20 @@ impl Session {
                 ended: false,
                 protocol,
                 expiry_s: 0,
-                subscriptions: HashMap::new(),
+                subscriptions: LazyMap::new(),
                 queue: VecDeque::new(),
                 spilled: SpillQueue::default(),
                 queued_bytes: 0,
                 inflight: VecDeque::new(),
-                pids_in_use: HashSet::new(),
+                pids_in_use: LazySet::new(),
                 next_pid: 1,
-                inbound_qos2: HashSet::new(),
+                inbound_qos2: LazySet::new(),
                 limits,
                 dropped: 0,
                 waker: None,
                 next_seq: 1,
                 replay_offsets: None,
-                stream_subs: HashMap::new(),
+                stream_subs: LazyMap::new(),
                 identity: None,
                 connected_at_ms: 0,
             }),
