@@ -1,4 +1,4 @@
-//! A map and a set that cost one pointer and no allocation while empty.
+//! A map, a set and a deque that cost one pointer and no allocation while empty.
 //!
 //! Every connection and every session carries several maps and sets that most of them never
 //! fill (topic aliases, stream feeders, stream subscriptions, packet identifiers in use, …).
@@ -7,7 +7,7 @@
 //! `HashMap` / `HashSet` that the broker uses, with the same meaning.
 
 use std::borrow::Borrow;
-use std::collections::{hash_map, hash_set, HashMap, HashSet};
+use std::collections::{hash_map, hash_set, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::hash::Hash;
 
@@ -202,6 +202,57 @@ impl<T: Hash + Eq> LazySet<T> {
     }
 }
 
+/// A `VecDeque` allocated on first push (see the module doc). Unlike the map and the set it
+/// keeps its allocation when emptied (it may be refilled at once); [`LazyDeque::clear`]
+/// frees it.
+#[allow(clippy::box_collection)] // boxed on purpose: 8 bytes while empty
+pub struct LazyDeque<T>(Option<Box<VecDeque<T>>>);
+
+impl<T> Default for LazyDeque<T> {
+    fn default() -> Self {
+        LazyDeque(None)
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for LazyDeque<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().flat_map(|d| d.iter()))
+            .finish()
+    }
+}
+
+impl<T> LazyDeque<T> {
+    pub fn new() -> Self {
+        LazyDeque(None)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |d| d.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn push_back(&mut self, v: T) {
+        self.0.get_or_insert_with(Default::default).push_back(v);
+    }
+
+    pub fn front(&self) -> Option<&T> {
+        self.0.as_ref()?.front()
+    }
+
+    pub fn pop_front(&mut self) -> Option<T> {
+        self.0.as_mut()?.pop_front()
+    }
+
+    /// Remove everything and free the allocation.
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,5 +301,20 @@ mod tests {
         s.shrink_to_fit();
         assert!(s.0.is_none());
         assert_eq!(s.iter().count(), 0);
+    }
+
+    #[test]
+    fn deque_allocates_on_push_and_frees_on_clear() {
+        let mut d: LazyDeque<(u64, u64)> = LazyDeque::new();
+        assert!(d.is_empty() && d.front().is_none() && d.pop_front().is_none());
+        d.push_back((1, 2));
+        d.push_back((3, 4));
+        assert_eq!(d.len(), 2);
+        assert_eq!(d.front(), Some(&(1, 2)));
+        assert_eq!(d.pop_front(), Some((1, 2)));
+        assert_eq!(d.pop_front(), Some((3, 4)));
+        assert!(d.is_empty() && d.0.is_some());
+        d.clear();
+        assert!(d.0.is_none());
     }
 }

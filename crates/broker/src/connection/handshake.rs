@@ -349,7 +349,7 @@ impl Conn {
             }),
             completed: 0,
             low: broker.persist.register_low(),
-            barriers: VecDeque::new(),
+            barriers: LazyDeque::new(),
             abs_written: 0,
             peer,
             feeders: LazyMap::new(),

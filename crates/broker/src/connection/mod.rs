@@ -28,13 +28,14 @@ pub use close::start_restored_timers;
 use handshake::reject_bad_connect;
 
 use crate::broker::Broker;
-use crate::lazy::LazyMap;
+use crate::lazy::{LazyDeque, LazyMap};
 use crate::message::{Delivery, Message};
 use crate::persist::{Op, SessionMeta};
 use crate::router::Subscriber;
 use crate::session::{ConnWaker, Inflight, InflightStage, Kick, Session, Subscription};
 use crate::stream_sub::StreamSub;
 use bytes::BytesMut;
+use futures_util::future::Either;
 use lanemq_acl::{Action, Request};
 use lanemq_protocol::reason as rc;
 use lanemq_protocol::topic;
@@ -103,8 +104,9 @@ impl Close {
 
 /// Serve one connection until it ends.
 ///
-/// Not an `async fn`: the future is [`run`]'s in its span, without a frame of its own (each
-/// level of futures keeps its own copy of the arguments for the life of the connection).
+/// Not an `async fn`: the future is [`run`]'s (in its span when that is enabled), without a
+/// frame of its own (each level of futures keeps its own copy of the arguments for the life of
+/// the connection).
 pub fn serve_connection<R, W>(
     broker: Arc<Broker>,
     reader: R,
@@ -117,9 +119,14 @@ where
 {
     // A DEBUG span: at the default INFO filter a span costs nothing, where an enabled one
     // costs each connection some 450 bytes in the subscriber. The WARN events of a connection
-    // name the client themselves.
+    // name the client themselves. Disabled, the future does not carry it at all.
     let span = debug_span!("conn", %peer, client_id = tracing::field::Empty);
-    run(broker, reader, writer, peer).instrument(span)
+    let run = run(broker, reader, writer, peer);
+    if span.is_disabled() {
+        Either::Left(run)
+    } else {
+        Either::Right(Box::pin(run.instrument(span)))
+    }
 }
 
 /// What a connection sent first.
@@ -216,39 +223,54 @@ where
     Conn::handshake(broker.clone(), connect, enhanced, peer, writer).await
 }
 
-async fn run<R, W>(broker: Arc<Broker>, mut reader: R, mut writer: W, peer: SocketAddr)
+/// The life of a connection. A function returning an `async move` block rather than an
+/// `async fn`, whose future would hold a second copy of every argument.
+#[allow(clippy::manual_async_fn)]
+fn run<R, W>(
+    broker: Arc<Broker>,
+    mut reader: R,
+    mut writer: W,
+    peer: SocketAddr,
+) -> impl Future<Output = ()> + Send
 where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
-    let io_error = |e: std::io::Error| debug!(error = %e, "connection ended with I/O error");
-    let mut rbuf = BytesMut::new();
-    let connect = match read_first(&broker, &mut reader, &mut rbuf).await {
-        Ok(First::Connect(c)) => c,
-        Ok(First::Bad(err)) => {
-            Box::pin(reject_bad_connect(&mut writer, &err)).await;
-            return;
-        }
-        Ok(First::Nothing) => return,
-        Err(e) => return io_error(e),
-    };
-    let established = Box::pin(establish(
-        &broker,
-        connect,
-        &mut reader,
-        &mut writer,
-        &mut rbuf,
-        peer,
-    ));
-    let mut conn = match established.await {
-        Ok(Some(conn)) => conn,
-        Ok(None) => return,
-        Err(e) => return io_error(e),
-    };
-    tracing::Span::current().record("client_id", &*conn.client_id);
-    let close = conn.run_loop(&mut reader, &mut writer, &mut rbuf).await;
-    drop(rbuf);
-    Box::pin(conn.close_down(close, &mut reader, &mut writer)).await;
+    async move {
+        let io_error = |e: std::io::Error| debug!(error = %e, "connection ended with I/O error");
+        let mut rbuf = BytesMut::new();
+        let connect = match read_first(&broker, &mut reader, &mut rbuf).await {
+            Ok(First::Connect(c)) => c,
+            Ok(First::Bad(err)) => {
+                Box::pin(reject_bad_connect(&mut writer, &err)).await;
+                return;
+            }
+            Ok(First::Nothing) => return,
+            Err(e) => return io_error(e),
+        };
+        let established = Box::pin(establish(
+            &broker,
+            connect,
+            &mut reader,
+            &mut writer,
+            &mut rbuf,
+            peer,
+        ));
+        // `conn` lives in this block only, so that the future's layout can overlap it with the
+        // states before it (a local alive at two awaits gets a slot of its own).
+        let close_down = {
+            let mut conn = match established.await {
+                Ok(Some(conn)) => conn,
+                Ok(None) => return,
+                Err(e) => return io_error(e),
+            };
+            tracing::Span::current().record("client_id", &*conn.client_id);
+            let close = conn.run_loop(&mut reader, &mut writer, &mut rbuf).await;
+            Box::pin(conn.close_down(close, &mut reader, &mut writer))
+        };
+        drop(rbuf);
+        close_down.await;
+    }
 }
 
 thread_local! {
@@ -305,7 +327,14 @@ fn poll_read_some<R: AsyncRead + Unpin>(
                 Poll::Ready(Ok(filled.len()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if rbuf.is_empty() {
+                    // An empty view of the last read's allocation (its packets split off)
+                    // would keep that allocation alive.
+                    *rbuf = BytesMut::new();
+                }
+                Poll::Pending
+            }
         }
     })
 }
@@ -457,7 +486,7 @@ struct Conn {
     /// First log offset this connection has appended but not routed (for the watermark).
     low: Arc<AtomicU64>,
     /// Write barriers: bytes from this absolute position wait for this index ticket.
-    barriers: VecDeque<(u64, u64)>,
+    barriers: LazyDeque<(u64, u64)>,
     /// Bytes written to the socket so far.
     abs_written: u64,
     peer: SocketAddr,
@@ -742,113 +771,123 @@ impl Conn {
         None
     }
 
-    async fn run_loop<R, W>(&mut self, reader: &mut R, writer: &mut W, rbuf: &mut BytesMut) -> Close
+    /// The socket loop. A function returning an `async move` block rather than an `async fn`,
+    /// whose future would hold a second copy of every argument.
+    #[allow(clippy::manual_async_fn)]
+    fn run_loop<'a, R, W>(
+        &'a mut self,
+        reader: &'a mut R,
+        writer: &'a mut W,
+        rbuf: &'a mut BytesMut,
+    ) -> impl Future<Output = Close> + Send + 'a
     where
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
-        let far = Duration::from_secs(86_400 * 365);
-        let keep_alive = self.keep_alive;
-        let deadline = tokio::time::sleep(keep_alive.unwrap_or(far));
-        tokio::pin!(deadline);
-        let waker = self.waker.clone();
-        // Packets already buffered behind CONNECT.
-        if !rbuf.is_empty() {
-            if let Err(c) = self.process_input(rbuf, max_packet) {
-                return c;
-            }
-        }
-        loop {
-            if self.rate.is_some() && !rbuf.is_empty() {
-                // Packets left in the buffer by a rate-limit pause.
+        async move {
+            let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
+            let far = Duration::from_secs(86_400 * 365);
+            let deadline = tokio::time::sleep(self.keep_alive.unwrap_or(far));
+            tokio::pin!(deadline);
+            // Packets already buffered behind CONNECT.
+            if !rbuf.is_empty() {
                 if let Err(c) = self.process_input(rbuf, max_packet) {
                     return c;
                 }
             }
-            if let Err(c) = self.process_completions() {
-                return c;
-            }
-            if let Some(kick) = self.drain() {
-                return match kick {
-                    Kick::TakenOver => Close {
-                        reason: Some(rc::SESSION_TAKEN_OVER),
-                        will: true,
-                    },
-                    Kick::SlowConsumer => {
-                        self.broker
-                            .queue_budget
-                            .slow_consumers_disconnected
-                            .fetch_add(1, Ordering::Relaxed);
-                        warn!(
-                            client_id = %self.client_id,
-                            peer = %self.peer,
-                            "slow consumer: queue limit reached, disconnecting"
-                        );
-                        Close::error(rc::QUOTA_EXCEEDED)
+            loop {
+                if self.rate.is_some() && !rbuf.is_empty() {
+                    // Packets left in the buffer by a rate-limit pause.
+                    if let Err(c) = self.process_input(rbuf, max_packet) {
+                        return c;
                     }
-                    Kick::Shutdown => Close {
-                        reason: Some(rc::SERVER_SHUTTING_DOWN),
-                        will: false,
-                    },
-                    Kick::NotAuthorized => Close::error(rc::NOT_AUTHORIZED),
-                    Kick::Administrative => {
-                        warn!(
-                            client_id = %self.client_id,
-                            peer = %self.peer,
-                            "kicked over the admin API"
-                        );
-                        Close::error(rc::ADMINISTRATIVE_ACTION)
-                    }
-                };
-            }
-            let writable = self.writable();
-            let writing = writable > 0;
-            // Release the write buffer once everything is written and nothing is queued (the
-            // read buffer is released by `read_some`): an idle connection holds neither.
-            if self.wbuf.is_empty()
-                && self.wbuf.capacity() > 0
-                && self.session.lock().queue.is_empty()
-            {
-                self.wbuf = BytesMut::new();
-            }
-            let paused = self.rate.as_mut().and_then(|r| r.paused_until());
-            tokio::select! {
-                biased;
-                res = writer.write(&self.wbuf[..writable]), if writing => {
-                    match res {
-                        Ok(0) | Err(_) => return Close::silent(true),
-                        Ok(n) => {
-                            bytes::Buf::advance(&mut self.wbuf, n);
-                            self.abs_written += n as u64;
-                            self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                if let Err(c) = self.process_completions() {
+                    return c;
+                }
+                if let Some(kick) = self.drain() {
+                    return match kick {
+                        Kick::TakenOver => Close {
+                            reason: Some(rc::SESSION_TAKEN_OVER),
+                            will: true,
+                        },
+                        Kick::SlowConsumer => {
+                            self.broker
+                                .queue_budget
+                                .slow_consumers_disconnected
+                                .fetch_add(1, Ordering::Relaxed);
+                            warn!(
+                                client_id = %self.client_id,
+                                peer = %self.peer,
+                                "slow consumer: queue limit reached, disconnecting"
+                            );
+                            Close::error(rc::QUOTA_EXCEEDED)
                         }
+                        Kick::Shutdown => Close {
+                            reason: Some(rc::SERVER_SHUTTING_DOWN),
+                            will: false,
+                        },
+                        Kick::NotAuthorized => Close::error(rc::NOT_AUTHORIZED),
+                        Kick::Administrative => {
+                            warn!(
+                                client_id = %self.client_id,
+                                peer = %self.peer,
+                                "kicked over the admin API"
+                            );
+                            Close::error(rc::ADMINISTRATIVE_ACTION)
+                        }
+                    };
+                }
+                let writable = self.writable();
+                let writing = writable > 0;
+                // Release the write buffer once everything is written and nothing is queued (the
+                // read buffer is released by `read_some`): an idle connection holds neither. (An
+                // empty buffer may still hold its allocation with no capacity left: written data
+                // is advanced past, not moved.)
+                if self.wbuf.is_empty() && self.session.lock().queue.is_empty() {
+                    self.wbuf = BytesMut::new();
+                    if self.barriers.is_empty() {
+                        self.barriers.clear();
                     }
                 }
-                _ = rate_pause(&mut self.rate, paused), if paused.is_some() => {
-                    // Not reading was our choice: the client's keep alive starts afresh.
-                    if let Some(ka) = keep_alive {
-                        deadline.as_mut().reset(tokio::time::Instant::now() + ka);
-                    }
-                }
-                res = read_some(reader, rbuf), if paused.is_none() => {
-                    match res {
-                        Ok(0) | Err(_) => return Close::silent(true),
-                        Ok(n) => {
-                            self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
-                            if let Some(ka) = keep_alive {
-                                deadline.as_mut().reset(tokio::time::Instant::now() + ka);
-                            }
-                            if let Err(c) = self.process_input(rbuf, max_packet) {
-                                return c;
+                let paused = self.rate.as_mut().and_then(|r| r.paused_until());
+                tokio::select! {
+                    biased;
+                    res = writer.write(&self.wbuf[..writable]), if writing => {
+                        match res {
+                            Ok(0) | Err(_) => return Close::silent(true),
+                            Ok(n) => {
+                                bytes::Buf::advance(&mut self.wbuf, n);
+                                self.abs_written += n as u64;
+                                self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
                             }
                         }
                     }
-                }
-                _ = waker.notified() => {}
-                _ = &mut deadline, if keep_alive.is_some() => {
-                    debug!("keep alive timeout");
-                    return Close::error(rc::KEEP_ALIVE_TIMEOUT);
+                    _ = rate_pause(&mut self.rate, paused), if paused.is_some() => {
+                        // Not reading was our choice: the client's keep alive starts afresh.
+                        if let Some(ka) = self.keep_alive {
+                            deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                        }
+                    }
+                    res = read_some(reader, rbuf), if paused.is_none() => {
+                        match res {
+                            Ok(0) | Err(_) => return Close::silent(true),
+                            Ok(n) => {
+                                self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                                if let Some(ka) = self.keep_alive {
+                                    deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                                }
+                                if let Err(c) = self.process_input(rbuf, max_packet) {
+                                    return c;
+                                }
+                            }
+                        }
+                    }
+                    _ = self.waker.notified() => {}
+                    _ = &mut deadline, if self.keep_alive.is_some() => {
+                        debug!("keep alive timeout");
+                        return Close::error(rc::KEEP_ALIVE_TIMEOUT);
+                    }
                 }
             }
         }
