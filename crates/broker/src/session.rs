@@ -240,7 +240,7 @@ pub struct SessionState {
     /// Next persisted queue sequence number.
     pub next_seq: u64,
     /// During start-up replay: offsets already in the restored queue (de-duplication).
-    pub replay_offsets: Option<HashSet<u64>>,
+    pub replay_offsets: Option<Box<HashSet<u64>>>,
     /// Stream subscriptions by full filter (`$stream/...`, `$s/...`); not in the router.
     pub stream_subs: LazyMap<String, Arc<StreamSub>>,
     /// Who the session's last connection was (username, address): the identity its
