@@ -1,12 +1,13 @@
 //! Connection set-up shared by publishers, subscribers and idle clients.
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::mqtt::{self, Frame, Version};
 
@@ -22,6 +23,68 @@ pub struct Conn {
     read_chunk: usize,
 }
 
+/// TCP connect to `addr`, from `source` when given: the socket is bound to (`source`, any
+/// port) first. Each local address has its own ephemeral ports (~28k on Linux), so spreading
+/// connections over 127.0.0.1, 127.0.0.2, … (all of 127.0.0.0/8 is loopback on Linux) lets
+/// one generator open more connections to one broker port than one address allows.
+pub async fn tcp_connect(addr: &str, source: Option<IpAddr>) -> anyhow::Result<TcpStream> {
+    let Some(src) = source else {
+        return TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connect to {addr}"));
+    };
+    let target = tokio::net::lookup_host(addr)
+        .await
+        .with_context(|| format!("resolve {addr}"))?
+        .find(|a| a.is_ipv4() == src.is_ipv4())
+        .with_context(|| format!("{addr}: no address of the family of {src}"))?;
+    let socket = if src.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket
+        .bind(SocketAddr::new(src, 0))
+        .with_context(|| format!("bind {src}"))?;
+    socket
+        .connect(target)
+        .await
+        .with_context(|| format!("connect to {addr} from {src}"))
+}
+
+/// Parse `--source-addrs`: a comma-separated list of addresses and inclusive IPv4 ranges,
+/// e.g. `127.0.0.1-127.0.0.8` or `127.0.0.1,127.0.0.2`.
+pub fn parse_source_addrs(s: &str) -> anyhow::Result<Vec<IpAddr>> {
+    const MAX: u32 = 4096;
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some((a, b)) = part.split_once('-') {
+            let a: std::net::Ipv4Addr = a
+                .trim()
+                .parse()
+                .with_context(|| format!("bad address in range {part:?}"))?;
+            let b: std::net::Ipv4Addr = b
+                .trim()
+                .parse()
+                .with_context(|| format!("bad address in range {part:?}"))?;
+            let (a, b) = (u32::from(a), u32::from(b));
+            if b < a || b - a >= MAX {
+                bail!("range {part:?} must be ascending and hold at most {MAX} addresses");
+            }
+            out.extend((a..=b).map(|v| IpAddr::V4(v.into())));
+        } else {
+            out.push(
+                part.parse()
+                    .with_context(|| format!("bad source address {part:?}"))?,
+            );
+        }
+    }
+    if out.is_empty() {
+        bail!("--source-addrs: no address in {s:?}");
+    }
+    Ok(out)
+}
+
 impl Conn {
     /// TCP connect + CONNECT/CONNACK, bounded by [`HANDSHAKE_TIMEOUT`].
     pub async fn open(
@@ -32,6 +95,31 @@ impl Conn {
         read_chunk: usize,
     ) -> anyhow::Result<Conn> {
         Self::open_with_expiry(addr, version, client_id, keepalive, read_chunk, 0).await
+    }
+
+    /// [`Conn::open`] from a given local address (`None`: the kernel's choice).
+    pub async fn open_from(
+        addr: &str,
+        source: Option<IpAddr>,
+        version: Version,
+        client_id: &str,
+        keepalive: u16,
+        read_chunk: usize,
+    ) -> anyhow::Result<Conn> {
+        tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            Self::open_inner(
+                addr,
+                source,
+                version,
+                client_id,
+                keepalive,
+                read_chunk,
+                (0, true),
+            ),
+        )
+        .await
+        .with_context(|| format!("{client_id}: connect timed out"))?
     }
 
     /// [`Conn::open`] with a Session Expiry Interval (> 0: a persistent session).
@@ -63,6 +151,7 @@ impl Conn {
             HANDSHAKE_TIMEOUT,
             Self::open_inner(
                 addr,
+                None,
                 version,
                 client_id,
                 keepalive,
@@ -76,15 +165,14 @@ impl Conn {
 
     async fn open_inner(
         addr: &str,
+        source: Option<IpAddr>,
         version: Version,
         client_id: &str,
         keepalive: u16,
         read_chunk: usize,
         (expiry_s, clean_start): (u32, bool),
     ) -> anyhow::Result<Conn> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("connect to {addr}"))?;
+        let stream = tcp_connect(addr, source).await?;
         stream.set_nodelay(true)?;
         let (rd, wr) = stream.into_split();
         let mut c = Conn {
@@ -208,5 +296,32 @@ impl Conn {
             let _ = self.wr.shutdown().await;
         })
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn source_addrs_parse() {
+        let v = parse_source_addrs("127.0.0.1-127.0.0.3, 127.0.1.9").unwrap();
+        let s: Vec<String> = v.iter().map(ToString::to_string).collect();
+        assert_eq!(s, ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.1.9"]);
+        assert!(parse_source_addrs("127.0.0.3-127.0.0.1").is_err());
+        assert!(parse_source_addrs("x").is_err());
+        assert!(parse_source_addrs("").is_err());
+    }
+
+    #[tokio::test]
+    async fn connects_from_the_given_source_address() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let src: IpAddr = "127.0.0.2".parse().unwrap();
+        let (c, accepted) = tokio::join!(tcp_connect(&addr, Some(src)), l.accept());
+        let c = c.unwrap();
+        assert_eq!(c.local_addr().unwrap().ip(), src);
+        assert_eq!(accepted.unwrap().1.ip(), src);
     }
 }

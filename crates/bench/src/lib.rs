@@ -32,7 +32,7 @@ use conn::Conn;
 use load::{Pace, PubCfg, Shared};
 use mqtt::{PublishTemplate, Version};
 
-pub use idle::IdleReport;
+pub use idle::{HalfOpenReport, IdleReport};
 pub use lanes::LanesReport;
 pub use offline::OfflineReport;
 pub use replay::ReplayReport;
@@ -95,6 +95,20 @@ pub struct BenchOpts {
     /// report broker RSS before/after and per connection.
     #[arg(long, default_value_t = 0)]
     pub idle_connections: usize,
+    /// Local source addresses of the idle connections, used in turn: a comma-separated
+    /// list of addresses and IPv4 ranges, e.g. `127.0.0.1-127.0.0.8`. One source address
+    /// has ~28k ephemeral ports towards one broker port; 200,000 connections need 8 (on
+    /// Linux all of 127.0.0.0/8 reaches a broker listening on 127.0.0.1).
+    #[arg(long, value_name = "ADDRS")]
+    pub source_addrs: Option<String>,
+    /// Idle mode without MQTT: the connections never send CONNECT (a flood of silent TCP
+    /// connections); reports how many the broker closed, how long after opening, and its
+    /// RSS once they are closed. The hold ends when all are closed (or after --duration).
+    #[arg(long)]
+    pub half_open: bool,
+    /// With --half-open: send the first N bytes of a CONNECT, then nothing more.
+    #[arg(long, default_value_t = 0)]
+    pub half_open_bytes: usize,
     /// Offline-sessions mode: this many persistent sessions subscribe one topic at QoS 1 and
     /// disconnect, one publisher sends --count (default 200) QoS 1 messages of --payload
     /// bytes to it, then every session reconnects and takes its queue; reports the publish
@@ -237,6 +251,12 @@ impl BenchOpts {
         }
         if self.connect_concurrency == 0 {
             bail!("--connect-concurrency must be >= 1");
+        }
+        if let Some(s) = &self.source_addrs {
+            conn::parse_source_addrs(s)?;
+        }
+        if self.half_open && self.idle_connections == 0 {
+            bail!("--half-open needs --idle-connections N");
         }
         Ok(())
     }
@@ -429,6 +449,22 @@ impl fmt::Display for BenchReport {
             )?;
             if let Some(b) = idle.rss_per_connection_bytes {
                 writeln!(f, "broker RSS per connection: {b:.0} bytes")?;
+            }
+            if let Some(h) = &idle.half_open {
+                writeln!(
+                    f,
+                    "half-open: {} of {} closed by the broker, {} ms to {} ms after opening; \
+                     broker RSS once closed {}",
+                    idle.dropped,
+                    idle.connected,
+                    h.closed_after_ms_min
+                        .map_or("n/a".to_string(), |v| v.to_string()),
+                    h.closed_after_ms_max
+                        .map_or("n/a".to_string(), |v| v.to_string()),
+                    kb(h.rss_closed_kb)
+                )?;
+            } else if idle.dropped > 0 {
+                writeln!(f, "dropped by the broker during the hold: {}", idle.dropped)?;
             }
         } else {
             writeln!(

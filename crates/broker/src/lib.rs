@@ -12,6 +12,7 @@ pub mod config_lines;
 pub mod connection;
 pub(crate) mod enhanced_auth;
 pub mod ingest;
+pub mod lazy;
 pub mod listener;
 pub mod lite;
 pub mod message;

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -283,7 +284,7 @@ async fn accept_loop(
 ) {
     let acceptor = Arc::new(acceptor);
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let (mut stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -296,26 +297,26 @@ async fn accept_loop(
         let guard = tracker.enter();
         let broker = broker.clone();
         let acceptor = acceptor.clone();
+        // One level of futures for a plain TCP connection (each level keeps its own copy of
+        // the arguments for the life of the connection). TLS and WebSocket connections are
+        // boxed: their futures are larger than a plain one's.
         tokio::spawn(async move {
-            let _guard = guard;
-            handle_stream(broker, stream, peer, &acceptor).await;
+            match &*acceptor {
+                Acceptor::Tcp => {
+                    // Borrowed halves: no shared allocation for the stream.
+                    let (r, w) = stream.split();
+                    serve_connection(broker, r, w, peer).await;
+                    // As an owned write half does on drop (the connection normally shut
+                    // down already).
+                    let _ = stream.shutdown().await;
+                }
+                Acceptor::Tls(tls) => Box::pin(tls.serve(broker, stream, peer)).await,
+                Acceptor::Ws { path } => {
+                    Box::pin(crate::ws::serve(broker, stream, peer, path)).await
+                }
+            }
+            drop(guard);
         });
-    }
-}
-
-async fn handle_stream(
-    broker: Arc<Broker>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    acceptor: &Acceptor,
-) {
-    match acceptor {
-        Acceptor::Tcp => {
-            let (r, w) = stream.into_split();
-            serve_connection(broker, r, w, peer).await;
-        }
-        Acceptor::Tls(tls) => tls.serve(broker, stream, peer).await,
-        Acceptor::Ws { path } => crate::ws::serve(broker, stream, peer, path).await,
     }
 }
 
@@ -328,5 +329,37 @@ impl Acceptor {
                 path: l.path.clone(),
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpStream;
+
+    /// Size of the future a function-like `f` returns, without calling it.
+    fn output_size<A, B, C, D, F>(_: impl FnOnce(A, B, C, D) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// The future of a plain TCP connection's task is most of an idle connection's memory
+    /// (docs/benchmarks.md, idle connections): keep it from growing back unnoticed.
+    #[test]
+    fn connection_task_future_is_small() {
+        let task = output_size(
+            |b: Arc<Broker>, mut s: TcpStream, p: SocketAddr, a: Arc<Acceptor>| async move {
+                match &*a {
+                    Acceptor::Tcp => {
+                        let (r, w) = s.split();
+                        serve_connection(b, r, w, p).await;
+                        let _ = s.shutdown().await;
+                    }
+                    Acceptor::Tls(tls) => Box::pin(tls.serve(b, s, p)).await,
+                    Acceptor::Ws { path } => Box::pin(crate::ws::serve(b, s, p, path)).await,
+                }
+            },
+        );
+        eprintln!("connection task future: {task} B");
+        assert!(task <= 800, "connection task future is {task} B");
     }
 }

@@ -51,7 +51,6 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
-use tokio::sync::Notify;
 use tracing::{error, info, warn};
 
 /// Index hint kind: the MQTT packet identifier of an inbound QoS 2 PUBLISH.
@@ -152,7 +151,7 @@ pub enum Op {
         filter: String,
     },
     /// Wake this notifier once everything before it is flushed.
-    Wake(Arc<Notify>),
+    Wake(Arc<crate::session::ConnWaker>),
 }
 
 /// Move the entries of the old `b_queue` tree (one sled entry per queued message) into the

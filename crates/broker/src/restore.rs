@@ -201,7 +201,7 @@ impl Broker {
                         st.inbound_qos2.insert(*pid);
                     }
                 }
-                st.replay_offsets = Some(seen);
+                st.replay_offsets = Some(Box::new(seen));
                 for (filter, s) in p.load_stream_subs(&client)? {
                     st.stream_subs.insert(
                         filter.clone(),

@@ -33,7 +33,6 @@ use crate::session::Session;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 /// How often the log's size is compared with the limits between two passes.
@@ -75,7 +74,7 @@ impl Retention {
             p.raise_carry_floor(cut);
             let report = carry(broker, self.carried_to, cut);
             // Wait until every carry op (and everything before it) is flushed.
-            let done = Arc::new(Notify::new());
+            let done = Arc::new(crate::session::ConnWaker::new());
             let ticket = p.submit(Op::Wake(done.clone()));
             while p.flushed() < ticket {
                 if p.is_failed() {

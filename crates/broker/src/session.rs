@@ -22,15 +22,81 @@
 //! - publishers never wait for a session: a full queue applies [`QueueOverflow`].
 
 pub use crate::config::QueueOverflow;
+use crate::lazy::{LazyMap, LazySet};
 use crate::message::{Delivery, NOT_STORED};
 use crate::persist::{Op, Persist};
 pub use crate::spill::{SpillQueue, Spilled, SpilledExtra};
 use crate::stream_sub::StreamSub;
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::Notify;
+use std::task::{Context, Poll, Waker};
+
+/// Wakes a connection task (new deliveries, a kick, a store completion): a permit and the
+/// waiting task's waker. It behaves as `tokio::sync::Notify` does with `notify_one` and one
+/// waiter (a notification with no waiter is kept as the permit; several coalesce), but the
+/// waiting future is one pointer instead of an intrusive list node: a connection waits on it
+/// in every `select!`, and an idle connection's future is most of its memory.
+#[derive(Debug, Default)]
+pub struct ConnWaker {
+    permit: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl ConnWaker {
+    pub fn new() -> ConnWaker {
+        ConnWaker::default()
+    }
+
+    /// Wake the waiting task, or let its next wait return at once.
+    pub fn notify_one(&self) {
+        if self.permit.swap(true, Ordering::AcqRel) {
+            // Already notified: the waker was taken then, or the task has not waited since.
+            return;
+        }
+        let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Completes once notified (at once if a notification came since the last wait).
+    /// Cancel safe: a notification is consumed only when this returns `Ready`.
+    pub fn notified(&self) -> Notified<'_> {
+        Notified(self)
+    }
+}
+
+/// The future of [`ConnWaker::notified`].
+#[derive(Debug)]
+pub struct Notified<'a>(&'a ConnWaker);
+
+impl Future for Notified<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let w = self.0;
+        if w.permit.swap(false, Ordering::AcqRel) {
+            return Poll::Ready(());
+        }
+        {
+            let mut slot = w.waker.lock().unwrap_or_else(|e| e.into_inner());
+            match &mut *slot {
+                Some(old) if old.will_wake(cx.waker()) => {}
+                other => *other = Some(cx.waker().clone()),
+            }
+        }
+        // A notification between the first check and storing the waker found no waker.
+        if w.permit.swap(false, Ordering::AcqRel) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscription {
@@ -154,7 +220,7 @@ pub struct SessionState {
     /// Session Expiry Interval in seconds (u32::MAX: never).
     pub expiry_s: u32,
     /// Full filters as subscribed (including `$share/<group>/`).
-    pub subscriptions: HashMap<String, Subscription>,
+    pub subscriptions: LazyMap<String, Subscription>,
     /// Deliveries in memory, sent first.
     pub queue: VecDeque<Delivery>,
     /// QoS 1/2 deliveries kept as log positions, sent after `queue`.
@@ -162,21 +228,21 @@ pub struct SessionState {
     /// Cost of `queue` (see [`crate::message::Message::cost`]).
     queued_bytes: usize,
     pub inflight: VecDeque<Inflight>,
-    pub pids_in_use: HashSet<u16>,
+    pub pids_in_use: LazySet<u16>,
     pub next_pid: u16,
     /// Inbound QoS 2 packet identifiers received and PUBREC'd, waiting for PUBREL.
-    pub inbound_qos2: HashSet<u16>,
+    pub inbound_qos2: LazySet<u16>,
     pub limits: QueueLimits,
     pub dropped: u64,
     /// Wakes the owning connection task (new deliveries, a kick). Replaced on every connect;
     /// `None` while offline.
-    pub waker: Option<Arc<Notify>>,
+    pub waker: Option<Arc<ConnWaker>>,
     /// Next persisted queue sequence number.
     pub next_seq: u64,
     /// During start-up replay: offsets already in the restored queue (de-duplication).
-    pub replay_offsets: Option<HashSet<u64>>,
+    pub replay_offsets: Option<Box<HashSet<u64>>>,
     /// Stream subscriptions by full filter (`$stream/...`, `$s/...`); not in the router.
-    pub stream_subs: HashMap<String, Arc<StreamSub>>,
+    pub stream_subs: LazyMap<String, Arc<StreamSub>>,
     /// Who the session's last connection was (username, address): the identity its
     /// subscriptions are checked as when the ACL is reloaded. `None` for a session restored
     /// after a restart until its client connects again.
@@ -241,20 +307,20 @@ impl Session {
                 ended: false,
                 protocol,
                 expiry_s: 0,
-                subscriptions: HashMap::new(),
+                subscriptions: LazyMap::new(),
                 queue: VecDeque::new(),
                 spilled: SpillQueue::default(),
                 queued_bytes: 0,
                 inflight: VecDeque::new(),
-                pids_in_use: HashSet::new(),
+                pids_in_use: LazySet::new(),
                 next_pid: 1,
-                inbound_qos2: HashSet::new(),
+                inbound_qos2: LazySet::new(),
                 limits,
                 dropped: 0,
                 waker: None,
                 next_seq: 1,
                 replay_offsets: None,
-                stream_subs: HashMap::new(),
+                stream_subs: LazyMap::new(),
                 identity: None,
                 connected_at_ms: 0,
             }),

@@ -106,9 +106,73 @@ impl Spilled {
     }
 }
 
-/// The dense queue of spilled deliveries (see the module doc).
+/// The dense queue of spilled deliveries (see the module doc). One pointer and no allocation
+/// while empty (most sessions never spill; every session has one).
 #[derive(Debug, Default)]
-pub struct SpillQueue {
+pub struct SpillQueue(Option<Box<Dense>>);
+
+impl SpillQueue {
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |d| d.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn push_back(&mut self, sp: Spilled) {
+        self.0.get_or_insert_with(Default::default).push_back(sp);
+    }
+
+    /// Offset and seq of the front entry.
+    pub fn front_key(&self) -> Option<(u64, u64)> {
+        self.0.as_ref()?.front_key()
+    }
+
+    /// The front entry; the queue's memory goes with its last entry.
+    pub fn pop_front(&mut self) -> Option<Spilled> {
+        let d = self.0.as_mut()?;
+        let sp = d.pop_front();
+        if d.is_empty() {
+            self.0 = None;
+        }
+        sp
+    }
+
+    /// The entries front first, as values (extras cloned).
+    pub fn iter(&self) -> impl Iterator<Item = Spilled> + '_ {
+        self.0.iter().flat_map(|d| d.iter())
+    }
+
+    /// Offset and seq of every entry, front first (no extras).
+    pub fn keys(&self) -> impl Iterator<Item = (u64, u64, bool)> + '_ {
+        self.0.iter().flat_map(|d| d.keys())
+    }
+
+    /// Give entries of a session that is not persisted (seq 0) their message, where `f`
+    /// has one for the offset; returns how many.
+    pub fn carry_unpersisted(&mut self, f: impl Fn(u64) -> Option<Arc<Message>>) -> u64 {
+        self.0.as_mut().map_or(0, |d| d.carry_unpersisted(f))
+    }
+
+    /// Give back spare capacity (a session that drained a burst and went idle).
+    pub fn shrink(&mut self) {
+        match &mut self.0 {
+            Some(d) if d.is_empty() => self.0 = None,
+            Some(d) => d.shrink(),
+            None => {}
+        }
+    }
+
+    /// Remove and return every entry.
+    pub fn take_all(&mut self) -> Vec<Spilled> {
+        self.0.take().map_or_else(Vec::new, |mut d| d.take_all())
+    }
+}
+
+/// The entries of a [`SpillQueue`] that has some.
+#[derive(Debug, Default)]
+struct Dense {
     /// offset (two u32, high first) and the meta word (cost, QoS, retain, has-extra).
     entries: VecDeque<[u32; 3]>,
     /// (first seq, count) per stretch of consecutive seqs.
@@ -119,16 +183,16 @@ pub struct SpillQueue {
     popped: u64,
 }
 
-impl SpillQueue {
-    pub fn len(&self) -> usize {
+impl Dense {
+    fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
-    pub fn push_back(&mut self, sp: Spilled) {
+    fn push_back(&mut self, sp: Spilled) {
         let n = self.popped + self.entries.len() as u64;
         let mut meta = sp.cost.min(COST_MASK) | (u32::from(sp.qos.as_u8() & 3) << QOS_SHIFT);
         if sp.retain {
@@ -169,13 +233,13 @@ impl SpillQueue {
     }
 
     /// Offset and seq of the front entry.
-    pub fn front_key(&self) -> Option<(u64, u64)> {
+    fn front_key(&self) -> Option<(u64, u64)> {
         let e = self.entries.front()?;
         let seq = self.runs.front().map_or(0, |r| r.0);
         Some(((u64::from(e[0]) << 32) | u64::from(e[1]), seq))
     }
 
-    pub fn pop_front(&mut self) -> Option<Spilled> {
+    fn pop_front(&mut self) -> Option<Spilled> {
         let e = self.entries.pop_front()?;
         let seq = match self.runs.front_mut() {
             Some(r) => {
@@ -211,7 +275,7 @@ impl SpillQueue {
     }
 
     /// The entries front first, as values (extras cloned).
-    pub fn iter(&self) -> impl Iterator<Item = Spilled> + '_ {
+    fn iter(&self) -> impl Iterator<Item = Spilled> + '_ {
         self.entries
             .iter()
             .zip(self.seqs())
@@ -220,7 +284,7 @@ impl SpillQueue {
     }
 
     /// Offset and seq of every entry, front first (no extras).
-    pub fn keys(&self) -> impl Iterator<Item = (u64, u64, bool)> + '_ {
+    fn keys(&self) -> impl Iterator<Item = (u64, u64, bool)> + '_ {
         self.entries
             .iter()
             .zip(self.seqs())
@@ -237,7 +301,7 @@ impl SpillQueue {
 
     /// Give entries of a session that is not persisted (seq 0) their message, where `f`
     /// has one for the offset; returns how many.
-    pub fn carry_unpersisted(&mut self, f: impl Fn(u64) -> Option<Arc<Message>>) -> u64 {
+    fn carry_unpersisted(&mut self, f: impl Fn(u64) -> Option<Arc<Message>>) -> u64 {
         let mut done = 0;
         let zero_runs: Vec<(usize, usize)> = {
             let mut at = 0usize;
@@ -271,7 +335,7 @@ impl SpillQueue {
     }
 
     /// Give back spare capacity (a session that drained a burst and went idle).
-    pub fn shrink(&mut self) {
+    fn shrink(&mut self) {
         shrink_deque(&mut self.entries);
         shrink_deque(&mut self.runs);
         if self.extras.capacity() > 2 * self.extras.len() + 8 {
@@ -280,7 +344,7 @@ impl SpillQueue {
     }
 
     /// Remove and return every entry.
-    pub fn take_all(&mut self) -> Vec<Spilled> {
+    fn take_all(&mut self) -> Vec<Spilled> {
         let mut out = Vec::with_capacity(self.len());
         while let Some(sp) = self.pop_front() {
             out.push(sp);
@@ -359,7 +423,7 @@ mod tests {
         let want: Vec<Spilled> = input.iter().cloned().chain([sp(3000, 13, true)]).collect();
         assert_eq!(out.len(), want.len());
         assert!(out.iter().zip(&want).all(|(a, b)| same(a, b)));
-        assert!(q.is_empty() && q.extras.is_empty());
+        assert!(q.is_empty() && q.0.is_none());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod admin_client;
 mod alloc;
+mod fd_limit;
 mod lanes_cli;
 mod streams_cli;
 
@@ -250,6 +251,22 @@ fn serve(args: ServeArgs) -> Result<()> {
         None => {}
     }
     config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    match fd_limit::raise() {
+        Ok((before, after)) => {
+            if after > before {
+                info!(from = before, to = after, "open files limit raised");
+            }
+            let wanted = u64::try_from(config.mqtt.max_connections).unwrap_or(u64::MAX);
+            if after < wanted.saturating_add(64) {
+                warn!(
+                    open_files_limit = after,
+                    max_connections = config.mqtt.max_connections,
+                    "the open files limit (ulimit -Hn) is below mqtt.max_connections: connections beyond it are refused at accept"
+                );
+            }
+        }
+        Err(e) => warn!(error = %e, "cannot raise the open files limit"),
+    }
     alloc::configure();
     alloc::start_upkeep();
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -84,6 +84,20 @@ pub(super) fn publish_will(broker: &Arc<Broker>, client_id: &Arc<str>, will: Wil
 }
 
 impl Conn {
+    /// The end of a connection: [`Conn::finish`], then [`linger`] after a DISCONNECT sent
+    /// by the server (MQTT 5).
+    pub(super) async fn close_down<R, W>(self, close: Close, reader: &mut R, writer: &mut W)
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let v5 = self.version.is_v5();
+        self.finish(close, writer).await;
+        if close.reason.is_some() && v5 {
+            linger(reader).await;
+        }
+    }
+
     /// Send the final DISCONNECT, flush, detach from the session, schedule its expiry and the
     /// will.
     pub(super) async fn finish<W: AsyncWrite + Unpin>(mut self, close: Close, writer: &mut W) {
@@ -195,13 +209,13 @@ impl Conn {
             // A new connection for this client id exists: a delayed will is cancelled; an
             // immediate one is published [MQTT-3.1.3-9].
             if delay == 0 {
-                publish_will(&broker, &self.client_id, will);
+                publish_will(&broker, &self.client_id, *will);
             }
             return;
         }
         let delay = if still_ours { delay.min(expiry) } else { 0 };
         if delay == 0 {
-            publish_will(&broker, &self.client_id, will);
+            publish_will(&broker, &self.client_id, *will);
         } else {
             let session = self.session.clone();
             let generation = self.generation;
@@ -213,7 +227,7 @@ impl Conn {
                     st.generation != generation || st.connected
                 };
                 if !reconnected {
-                    publish_will(&broker, &client_id, will);
+                    publish_will(&broker, &client_id, *will);
                 }
             });
         }

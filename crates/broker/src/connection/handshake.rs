@@ -228,7 +228,7 @@ impl Conn {
         let (session, resumed) = broker.open_session(&client_id, c.clean_start, || {
             Session::new(client_id.clone(), version, limits)
         });
-        let waker = Arc::new(Notify::new());
+        let waker = Arc::new(ConnWaker::new());
         let mut wbuf = BytesMut::new();
         let generation;
         {
@@ -332,14 +332,14 @@ impl Conn {
             } else {
                 0
             },
-            inbound_aliases: HashMap::new(),
-            outbound_aliases: HashMap::new(),
+            inbound_aliases: LazyMap::new(),
+            outbound_aliases: LazyMap::new(),
             problem_info: c.properties.request_problem_information.unwrap_or(true),
-            will: c.will,
+            will: c.will.map(Box::new),
             session_expiry_s,
             wbuf,
             rate: (cfg.max_publish_rate_per_s > 0)
-                .then(|| RateLimit::new(cfg.max_publish_rate_per_s)),
+                .then(|| Box::new(RateLimit::new(cfg.max_publish_rate_per_s))),
             username: c.username.as_deref().map(Arc::from),
             pending: VecDeque::new(),
             completions: Arc::new(Completions {
@@ -349,10 +349,10 @@ impl Conn {
             }),
             completed: 0,
             low: broker.persist.register_low(),
-            barriers: VecDeque::new(),
+            barriers: LazyDeque::new(),
             abs_written: 0,
             peer,
-            feeders: HashMap::new(),
+            feeders: LazyMap::new(),
             enhanced: enhanced
                 .as_ref()
                 .map(|v| Box::new(crate::enhanced_auth::Live::new(v))),

@@ -9,6 +9,12 @@
 //!   `max_queued_messages` and `outbound_buffer_bytes_max`) holds the rest;
 //! - a connection whose session generation changed (take-over) stops touching the session.
 //!
+//! - an idle connection holds no read or write buffer, and its task's future is small: the
+//!   buffers are taken while data flows and dropped when the connection waits with nothing
+//!   buffered; the short-lived stages (handshake, enhanced authentication, the close) run in
+//!   boxed futures; rarely used state (will, topic aliases, stream feeders, rate limit) is
+//!   boxed and allocated only when used.
+//!
 //! This file keeps the socket loop, framing, packet dispatch and the drain of the session
 //! queue; the handshake, PUBLISH, SUBSCRIBE/UNSUBSCRIBE and the end of a connection (will,
 //! expiry) are in the files beside it.
@@ -22,12 +28,14 @@ pub use close::start_restored_timers;
 use handshake::reject_bad_connect;
 
 use crate::broker::Broker;
+use crate::lazy::{LazyDeque, LazyMap};
 use crate::message::{Delivery, Message};
 use crate::persist::{Op, SessionMeta};
 use crate::router::Subscriber;
-use crate::session::{Inflight, InflightStage, Kick, Session, Subscription};
+use crate::session::{ConnWaker, Inflight, InflightStage, Kick, Session, Subscription};
 use crate::stream_sub::StreamSub;
 use bytes::BytesMut;
+use futures_util::future::Either;
 use lanemq_acl::{Action, Request};
 use lanemq_protocol::reason as rc;
 use lanemq_protocol::topic;
@@ -36,23 +44,27 @@ use lanemq_protocol::{
     Disconnect, Packet, ProtocolVersion, PubResp, Publish, QoS, SubAck, Subscribe, UnsubAck,
     Unsubscribe, Will,
 };
-use std::collections::{HashMap, VecDeque};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::Notify;
-use tracing::{debug, info_span, warn, Instrument};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tracing::{debug, debug_span, warn, Instrument};
 
 /// The write buffer is filled from the session queue up to this size.
 const WRITE_HIGH_WATER_BYTES: usize = 64 * 1024;
-/// Read buffer capacity while a connection is idle (memory per idle connection matters).
-const READ_BUFFER_IDLE_BYTES: usize = 512;
-/// Read buffer growth step when it runs out of room.
+/// First capacity of a write buffer taken for acknowledgements and other small packets.
+const WRITE_BUFFER_MIN_BYTES: usize = 256;
+/// A read buffer holding part of a packet grows by this step when less than
+/// [`READ_ROOM_MIN_BYTES`] is free; it is also the size of each thread's read scratch.
 const READ_BUFFER_STEP_BYTES: usize = 16 * 1024;
-/// Buffers above this capacity are released once empty.
-const BUFFER_SHRINK_BYTES: usize = 64 * 1024;
+/// Free room below which a read buffer holding part of a packet grows.
+const READ_ROOM_MIN_BYTES: usize = 256;
 /// How long the final DISCONNECT and buffered data may take to flush.
 const FLUSH_TIMEOUT_MS: u64 = 1_000;
 /// Spilled queue entries are read back from the log when fewer than this many are in memory.
@@ -91,56 +103,75 @@ impl Close {
 }
 
 /// Serve one connection until it ends.
-pub async fn serve_connection<R, W>(broker: Arc<Broker>, reader: R, writer: W, peer: SocketAddr)
+///
+/// Not an `async fn`: the future is [`run`]'s (in its span when that is enabled), without a
+/// frame of its own (each level of futures keeps its own copy of the arguments for the life of
+/// the connection).
+pub fn serve_connection<R, W>(
+    broker: Arc<Broker>,
+    reader: R,
+    writer: W,
+    peer: SocketAddr,
+) -> impl Future<Output = ()> + Send
 where
     R: AsyncRead + Unpin + Send,
     W: AsyncWrite + Unpin + Send,
 {
-    let span = info_span!("conn", %peer, client_id = tracing::field::Empty);
-    async move {
-        if let Err(e) = run(broker, reader, writer, peer).await {
-            debug!(error = %e, "connection ended with I/O error");
-        }
+    // A DEBUG span: at the default INFO filter a span costs nothing, where an enabled one
+    // costs each connection some 450 bytes in the subscriber. The WARN events of a connection
+    // name the client themselves. Disabled, the future does not carry it at all.
+    let span = debug_span!("conn", %peer, client_id = tracing::field::Empty);
+    let run = run(broker, reader, writer, peer);
+    if span.is_disabled() {
+        Either::Left(run)
+    } else {
+        Either::Right(Box::pin(run.instrument(span)))
     }
-    .instrument(span)
-    .await
 }
 
-async fn run<R, W>(
-    broker: Arc<Broker>,
-    mut reader: R,
-    mut writer: W,
-    peer: SocketAddr,
-) -> std::io::Result<()>
+/// What a connection sent first.
+enum First {
+    Connect(Box<Connect>),
+    Bad(DecodeError),
+    /// Nothing within the connect timeout, end of stream, another packet, or shutdown.
+    Nothing,
+}
+
+/// Wait (up to `connect_timeout_ms`) for the first packet. A connection that sends nothing
+/// holds no read buffer meanwhile.
+async fn read_first<R>(
+    broker: &Broker,
+    reader: &mut R,
+    rbuf: &mut BytesMut,
+) -> std::io::Result<First>
 where
     R: AsyncRead + Unpin + Send,
-    W: AsyncWrite + Unpin + Send,
 {
     let cfg = &broker.config.mqtt;
-    let mut rbuf = BytesMut::with_capacity(READ_BUFFER_IDLE_BYTES);
     let timeout = Duration::from_millis(cfg.connect_timeout_ms);
-    enum First {
-        Packet(Packet),
-        Bad(DecodeError),
-        Eof,
-    }
     let mut shutdown = broker.shutdown_signal();
     let first = tokio::time::timeout(timeout, async {
         loop {
             if *shutdown.borrow_and_update() {
                 // Shutting down: a connection that has not sent CONNECT yet just goes.
-                return Ok(First::Eof);
+                return Ok(First::Nothing);
             }
-            match decode(&mut rbuf, ProtocolVersion::V5, cfg.max_packet_size_bytes) {
-                Ok(Some(p)) => return Ok::<First, std::io::Error>(First::Packet(p)),
+            match decode(rbuf, ProtocolVersion::V5, cfg.max_packet_size_bytes) {
+                Ok(Some(Packet::Connect(c))) => {
+                    return Ok::<First, std::io::Error>(First::Connect(c))
+                }
+                Ok(Some(other)) => {
+                    debug!(packet_type = other.type_id(), "first packet is not CONNECT");
+                    return Ok(First::Nothing);
+                }
                 Ok(None) => {}
                 Err(e) => return Ok(First::Bad(e)),
             }
             tokio::select! {
-                n = reader.read_buf(&mut rbuf) => {
+                n = read_some(reader, rbuf) => {
                     let n = n?;
                     if n == 0 {
-                        return Ok(First::Eof);
+                        return Ok(First::Nothing);
                     }
                     broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
                 }
@@ -149,61 +180,175 @@ where
         }
     })
     .await;
-    let connect = match first {
+    match first {
         Err(_) => {
             debug!("no CONNECT within the connect timeout");
-            return Ok(());
+            Ok(First::Nothing)
         }
-        Ok(Err(e)) => return Err(e),
-        Ok(Ok(First::Bad(err))) => {
-            reject_bad_connect(&mut writer, &err).await;
-            return Ok(());
-        }
-        Ok(Ok(First::Eof)) => return Ok(()),
-        Ok(Ok(First::Packet(Packet::Connect(c)))) => c,
-        Ok(Ok(First::Packet(other))) => {
-            debug!(packet_type = other.type_id(), "first packet is not CONNECT");
-            return Ok(());
-        }
-    };
+        Ok(r) => r,
+    }
+}
+
+/// The CONNECT exchange: enhanced authentication when the CONNECT asks for it, then the
+/// handshake. Short-lived, so [`run`] boxes it rather than carry its size for the whole life
+/// of the connection.
+async fn establish<R, W>(
+    broker: &Arc<Broker>,
+    connect: Box<Connect>,
+    reader: &mut R,
+    writer: &mut W,
+    rbuf: &mut BytesMut,
+    peer: SocketAddr,
+) -> std::io::Result<Option<Conn>>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
     let mut connect = *connect;
     let mut enhanced = None;
     if connect.protocol.is_v5() && connect.properties.authentication_method.is_some() {
         enhanced = crate::enhanced_auth::connect_exchange(
-            &broker,
+            broker,
             &mut connect,
-            &mut reader,
-            &mut writer,
-            &mut rbuf,
+            reader,
+            writer,
+            rbuf,
             peer,
         )
         .await?;
         if enhanced.is_none() {
-            return Ok(());
+            return Ok(None);
         }
     }
-    let Some(mut conn) =
-        Conn::handshake(broker.clone(), connect, enhanced, peer, &mut writer).await?
-    else {
-        return Ok(());
-    };
-    tracing::Span::current().record("client_id", &*conn.client_id);
-    let close = conn.run_loop(&mut reader, &mut writer, rbuf).await;
-    let v5 = conn.version.is_v5();
-    conn.finish(close, &mut writer).await;
-    if close.reason.is_some() && v5 {
-        linger(&mut reader).await;
+    Conn::handshake(broker.clone(), connect, enhanced, peer, writer).await
+}
+
+/// The life of a connection. A function returning an `async move` block rather than an
+/// `async fn`, whose future would hold a second copy of every argument.
+#[allow(clippy::manual_async_fn)]
+fn run<R, W>(
+    broker: Arc<Broker>,
+    mut reader: R,
+    mut writer: W,
+    peer: SocketAddr,
+) -> impl Future<Output = ()> + Send
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    async move {
+        let io_error = |e: std::io::Error| debug!(error = %e, "connection ended with I/O error");
+        let mut rbuf = BytesMut::new();
+        let connect = match read_first(&broker, &mut reader, &mut rbuf).await {
+            Ok(First::Connect(c)) => c,
+            Ok(First::Bad(err)) => {
+                Box::pin(reject_bad_connect(&mut writer, &err)).await;
+                return;
+            }
+            Ok(First::Nothing) => return,
+            Err(e) => return io_error(e),
+        };
+        let established = Box::pin(establish(
+            &broker,
+            connect,
+            &mut reader,
+            &mut writer,
+            &mut rbuf,
+            peer,
+        ));
+        // `conn` lives in this block only, so that the future's layout can overlap it with the
+        // states before it (a local alive at two awaits gets a slot of its own).
+        let close_down = {
+            let mut conn = match established.await {
+                Ok(Some(conn)) => conn,
+                Ok(None) => return,
+                Err(e) => return io_error(e),
+            };
+            tracing::Span::current().record("client_id", &*conn.client_id);
+            let close = conn.run_loop(&mut reader, &mut writer, &mut rbuf).await;
+            Box::pin(conn.close_down(close, &mut reader, &mut writer))
+        };
+        drop(rbuf);
+        close_down.await;
     }
-    Ok(())
+}
+
+thread_local! {
+    /// Where a connection without a read buffer reads (see [`read_some`]); one per thread.
+    static READ_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Read once from `reader` into `rbuf`; `Ok(0)` at the end of the stream. Cancel safe.
+///
+/// - `rbuf` holds part of a packet: it grows by [`READ_BUFFER_STEP_BYTES`] when short of
+///   room, and the read goes in place.
+/// - `rbuf` is empty and has room (data is flowing): the read goes in place; if nothing is
+///   there to read, the buffer is dropped before waiting.
+/// - `rbuf` has no room (released, or used up by the packets split off it): the read goes
+///   into this thread's scratch buffer and `rbuf` takes a copy of what was read.
+///
+/// So an idle connection holds no read buffer, and one that is busy keeps reading in place.
+fn read_some<'a, R: AsyncRead + Unpin>(
+    reader: &'a mut R,
+    rbuf: &'a mut BytesMut,
+) -> impl Future<Output = std::io::Result<usize>> + 'a {
+    std::future::poll_fn(move |cx| poll_read_some(reader, rbuf, cx))
+}
+
+fn poll_read_some<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    rbuf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    if !rbuf.is_empty() && rbuf.capacity() - rbuf.len() < READ_ROOM_MIN_BYTES {
+        rbuf.reserve(READ_BUFFER_STEP_BYTES);
+    }
+    if rbuf.capacity() > rbuf.len() {
+        let polled = std::pin::pin!(reader.read_buf(&mut *rbuf)).poll(cx);
+        if polled.is_pending() && rbuf.is_empty() {
+            *rbuf = BytesMut::new();
+        }
+        return polled;
+    }
+    READ_SCRATCH.with(|scratch| {
+        let Ok(mut scratch) = scratch.try_borrow_mut() else {
+            // Not expected (no read nests in another on one thread): read in place.
+            rbuf.reserve(READ_ROOM_MIN_BYTES);
+            return std::pin::pin!(reader.read_buf(&mut *rbuf)).poll(cx);
+        };
+        if scratch.len() < READ_BUFFER_STEP_BYTES {
+            scratch.resize(READ_BUFFER_STEP_BYTES, 0);
+        }
+        let mut rb = ReadBuf::new(&mut scratch[..]);
+        match Pin::new(&mut *reader).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) => {
+                let filled = rb.filled();
+                rbuf.extend_from_slice(filled);
+                Poll::Ready(Ok(filled.len()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                if rbuf.is_empty() {
+                    // An empty view of the last read's allocation (its packets split off)
+                    // would keep that allocation alive.
+                    *rbuf = BytesMut::new();
+                }
+                Poll::Pending
+            }
+        }
+    })
 }
 
 /// `max_publish_rate_per_s` of one connection: a token bucket holding one second of budget.
+/// Boxed in [`Conn`], with its own timer, so that connections without a limit carry neither.
 struct RateLimit {
     per_s: f64,
     tokens: f64,
     last: Instant,
     /// The budget ran out and has not refilled to 10 ms worth yet.
     paused: bool,
+    /// Fires when reading may resume.
+    resume: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl RateLimit {
@@ -213,6 +358,7 @@ impl RateLimit {
             tokens: f64::from(per_s),
             last: Instant::now(),
             paused: false,
+            resume: Box::pin(tokio::time::sleep(Duration::ZERO)),
         }
     }
 
@@ -246,17 +392,27 @@ impl RateLimit {
     }
 }
 
-async fn sleep_until_opt(t: Option<tokio::time::Instant>) {
-    if let Some(t) = t {
-        tokio::time::sleep_until(t).await;
-    }
+/// Wait until `until` on the rate limit's timer; never completes without both.
+fn rate_pause<'a>(
+    rate: &'a mut Option<Box<RateLimit>>,
+    until: Option<tokio::time::Instant>,
+) -> impl Future<Output = ()> + 'a {
+    std::future::poll_fn(move |cx| match (rate.as_deref_mut(), until) {
+        (Some(r), Some(t)) => {
+            if r.resume.deadline() != t {
+                r.resume.as_mut().reset(t);
+            }
+            r.resume.as_mut().poll(cx)
+        }
+        _ => Poll::Pending,
+    })
 }
 
 /// After a server-sent DISCONNECT and a write shutdown, read and discard what the client still
 /// sends for a moment, so closing does not reset the connection before the client has read
 /// the DISCONNECT (a reset can discard data not yet read). Bounded in time and bytes.
 async fn linger<R: AsyncRead + Unpin>(reader: &mut R) {
-    let mut buf = [0u8; 4096];
+    let mut buf = vec![0u8; 4096];
     let mut budget = LINGER_BYTES_MAX;
     let _ = tokio::time::timeout(Duration::from_millis(LINGER_MS), async {
         while budget > 0 {
@@ -294,7 +450,7 @@ struct PendingPub {
 struct Completions {
     ok: AtomicU64,
     failed: AtomicBool,
-    waker: Arc<Notify>,
+    waker: Arc<ConnWaker>,
 }
 
 struct Conn {
@@ -303,7 +459,7 @@ struct Conn {
     client_id: Arc<str>,
     session: Arc<Session>,
     generation: u64,
-    waker: Arc<Notify>,
+    waker: Arc<ConnWaker>,
     keep_alive: Option<Duration>,
     /// Outbound QoS 1/2 window: min(client Receive Maximum, max_inflight_messages).
     send_window: usize,
@@ -311,15 +467,15 @@ struct Conn {
     client_max_packet: usize,
     /// Client's Topic Alias Maximum (server-to-client aliases).
     client_alias_max: u16,
-    inbound_aliases: HashMap<u16, Arc<str>>,
-    outbound_aliases: HashMap<Arc<str>, u16>,
+    inbound_aliases: LazyMap<u16, Arc<str>>,
+    outbound_aliases: LazyMap<Arc<str>, u16>,
     problem_info: bool,
-    will: Option<Will>,
+    will: Option<Box<Will>>,
     /// Session Expiry Interval from CONNECT, possibly updated by DISCONNECT.
     session_expiry_s: u32,
     wbuf: BytesMut,
     /// `max_publish_rate_per_s`: reading pauses while the budget is spent.
-    rate: Option<RateLimit>,
+    rate: Option<Box<RateLimit>>,
     /// Username as presented in CONNECT (authenticated when a password file is in use).
     username: Option<Arc<str>>,
     /// Stored PUBLISHes not yet durable, in arrival order.
@@ -330,12 +486,12 @@ struct Conn {
     /// First log offset this connection has appended but not routed (for the watermark).
     low: Arc<AtomicU64>,
     /// Write barriers: bytes from this absolute position wait for this index ticket.
-    barriers: VecDeque<(u64, u64)>,
+    barriers: LazyDeque<(u64, u64)>,
     /// Bytes written to the socket so far.
     abs_written: u64,
     peer: SocketAddr,
     /// Feeder task of each stream subscription, by full filter.
-    feeders: HashMap<String, tokio::task::JoinHandle<()>>,
+    feeders: LazyMap<String, tokio::task::JoinHandle<()>>,
     /// Enhanced authentication: the method and user, and a re-authentication in progress.
     enhanced: Option<Box<crate::enhanced_auth::Live>>,
 }
@@ -360,6 +516,10 @@ impl Conn {
     }
 
     fn encode(&mut self, p: &Packet) {
+        if self.wbuf.capacity() == 0 {
+            // Released while idle: take a small one (it grows by doubling if need be).
+            self.wbuf.reserve(WRITE_BUFFER_MIN_BYTES);
+        }
         encode(p, self.version, &mut self.wbuf);
     }
 
@@ -491,6 +651,13 @@ impl Conn {
         let mut expired = 0u64;
         let mut sent_qos = [0u64; 3];
         let mut sent_bytes_qos = [0u64; 3];
+        if self.wbuf.capacity() == 0 && !st.queue.is_empty() {
+            // Released while idle: size it for what is queued, up to the high-water mark.
+            let want = st
+                .queued_bytes()
+                .clamp(WRITE_BUFFER_MIN_BYTES, WRITE_HIGH_WATER_BYTES);
+            self.wbuf.reserve(want);
+        }
         while self.wbuf.len() < WRITE_HIGH_WATER_BYTES {
             let Some(front) = st.queue.front() else { break };
             if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.send_window {
@@ -604,110 +771,123 @@ impl Conn {
         None
     }
 
-    async fn run_loop<R, W>(&mut self, reader: &mut R, writer: &mut W, mut rbuf: BytesMut) -> Close
+    /// The socket loop. A function returning an `async move` block rather than an `async fn`,
+    /// whose future would hold a second copy of every argument.
+    #[allow(clippy::manual_async_fn)]
+    fn run_loop<'a, R, W>(
+        &'a mut self,
+        reader: &'a mut R,
+        writer: &'a mut W,
+        rbuf: &'a mut BytesMut,
+    ) -> impl Future<Output = Close> + Send + 'a
     where
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
-        let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
-        let far = Duration::from_secs(86_400 * 365);
-        let keep_alive = self.keep_alive;
-        let deadline = tokio::time::sleep(keep_alive.unwrap_or(far));
-        tokio::pin!(deadline);
-        let waker = self.waker.clone();
-        // Packets already buffered behind CONNECT.
-        if !rbuf.is_empty() {
-            if let Err(c) = self.process_input(&mut rbuf, max_packet) {
-                return c;
-            }
-        }
-        loop {
-            if self.rate.is_some() && !rbuf.is_empty() {
-                // Packets left in the buffer by a rate-limit pause.
-                if let Err(c) = self.process_input(&mut rbuf, max_packet) {
+        async move {
+            let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
+            let far = Duration::from_secs(86_400 * 365);
+            let deadline = tokio::time::sleep(self.keep_alive.unwrap_or(far));
+            tokio::pin!(deadline);
+            // Packets already buffered behind CONNECT.
+            if !rbuf.is_empty() {
+                if let Err(c) = self.process_input(rbuf, max_packet) {
                     return c;
                 }
             }
-            if let Err(c) = self.process_completions() {
-                return c;
-            }
-            if let Some(kick) = self.drain() {
-                return match kick {
-                    Kick::TakenOver => Close {
-                        reason: Some(rc::SESSION_TAKEN_OVER),
-                        will: true,
-                    },
-                    Kick::SlowConsumer => {
-                        self.broker
-                            .queue_budget
-                            .slow_consumers_disconnected
-                            .fetch_add(1, Ordering::Relaxed);
-                        warn!("slow consumer: queue limit reached, disconnecting");
-                        Close::error(rc::QUOTA_EXCEEDED)
+            loop {
+                if self.rate.is_some() && !rbuf.is_empty() {
+                    // Packets left in the buffer by a rate-limit pause.
+                    if let Err(c) = self.process_input(rbuf, max_packet) {
+                        return c;
                     }
-                    Kick::Shutdown => Close {
-                        reason: Some(rc::SERVER_SHUTTING_DOWN),
-                        will: false,
-                    },
-                    Kick::NotAuthorized => Close::error(rc::NOT_AUTHORIZED),
-                    Kick::Administrative => {
-                        warn!("kicked over the admin API");
-                        Close::error(rc::ADMINISTRATIVE_ACTION)
-                    }
-                };
-            }
-            let writable = self.writable();
-            let writing = writable > 0;
-            // Release a large write buffer only once the connection is idle: under load it
-            // would be grown again at once (copying on every doubling).
-            if self.wbuf.is_empty()
-                && self.wbuf.capacity() > BUFFER_SHRINK_BYTES
-                && self.session.lock().queue.is_empty()
-            {
-                self.wbuf = BytesMut::new();
-            }
-            if rbuf.is_empty() && rbuf.capacity() > BUFFER_SHRINK_BYTES {
-                rbuf = BytesMut::with_capacity(READ_BUFFER_IDLE_BYTES);
-            } else if rbuf.capacity() - rbuf.len() < READ_BUFFER_IDLE_BYTES / 2 {
-                rbuf.reserve(READ_BUFFER_STEP_BYTES);
-            }
-            let paused = self.rate.as_mut().and_then(RateLimit::paused_until);
-            tokio::select! {
-                biased;
-                res = writer.write(&self.wbuf[..writable]), if writing => {
-                    match res {
-                        Ok(0) | Err(_) => return Close::silent(true),
-                        Ok(n) => {
-                            bytes::Buf::advance(&mut self.wbuf, n);
-                            self.abs_written += n as u64;
-                            self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                if let Err(c) = self.process_completions() {
+                    return c;
+                }
+                if let Some(kick) = self.drain() {
+                    return match kick {
+                        Kick::TakenOver => Close {
+                            reason: Some(rc::SESSION_TAKEN_OVER),
+                            will: true,
+                        },
+                        Kick::SlowConsumer => {
+                            self.broker
+                                .queue_budget
+                                .slow_consumers_disconnected
+                                .fetch_add(1, Ordering::Relaxed);
+                            warn!(
+                                client_id = %self.client_id,
+                                peer = %self.peer,
+                                "slow consumer: queue limit reached, disconnecting"
+                            );
+                            Close::error(rc::QUOTA_EXCEEDED)
                         }
+                        Kick::Shutdown => Close {
+                            reason: Some(rc::SERVER_SHUTTING_DOWN),
+                            will: false,
+                        },
+                        Kick::NotAuthorized => Close::error(rc::NOT_AUTHORIZED),
+                        Kick::Administrative => {
+                            warn!(
+                                client_id = %self.client_id,
+                                peer = %self.peer,
+                                "kicked over the admin API"
+                            );
+                            Close::error(rc::ADMINISTRATIVE_ACTION)
+                        }
+                    };
+                }
+                let writable = self.writable();
+                let writing = writable > 0;
+                // Release the write buffer once everything is written and nothing is queued (the
+                // read buffer is released by `read_some`): an idle connection holds neither. (An
+                // empty buffer may still hold its allocation with no capacity left: written data
+                // is advanced past, not moved.)
+                if self.wbuf.is_empty() && self.session.lock().queue.is_empty() {
+                    self.wbuf = BytesMut::new();
+                    if self.barriers.is_empty() {
+                        self.barriers.clear();
                     }
                 }
-                _ = sleep_until_opt(paused), if paused.is_some() => {
-                    // Not reading was our choice: the client's keep alive starts afresh.
-                    if let Some(ka) = keep_alive {
-                        deadline.as_mut().reset(tokio::time::Instant::now() + ka);
-                    }
-                }
-                res = reader.read_buf(&mut rbuf), if paused.is_none() => {
-                    match res {
-                        Ok(0) | Err(_) => return Close::silent(true),
-                        Ok(n) => {
-                            self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
-                            if let Some(ka) = keep_alive {
-                                deadline.as_mut().reset(tokio::time::Instant::now() + ka);
-                            }
-                            if let Err(c) = self.process_input(&mut rbuf, max_packet) {
-                                return c;
+                let paused = self.rate.as_mut().and_then(|r| r.paused_until());
+                tokio::select! {
+                    biased;
+                    res = writer.write(&self.wbuf[..writable]), if writing => {
+                        match res {
+                            Ok(0) | Err(_) => return Close::silent(true),
+                            Ok(n) => {
+                                bytes::Buf::advance(&mut self.wbuf, n);
+                                self.abs_written += n as u64;
+                                self.broker.stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
                             }
                         }
                     }
-                }
-                _ = waker.notified() => {}
-                _ = &mut deadline, if keep_alive.is_some() => {
-                    debug!("keep alive timeout");
-                    return Close::error(rc::KEEP_ALIVE_TIMEOUT);
+                    _ = rate_pause(&mut self.rate, paused), if paused.is_some() => {
+                        // Not reading was our choice: the client's keep alive starts afresh.
+                        if let Some(ka) = self.keep_alive {
+                            deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                        }
+                    }
+                    res = read_some(reader, rbuf), if paused.is_none() => {
+                        match res {
+                            Ok(0) | Err(_) => return Close::silent(true),
+                            Ok(n) => {
+                                self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                                if let Some(ka) = self.keep_alive {
+                                    deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                                }
+                                if let Err(c) = self.process_input(rbuf, max_packet) {
+                                    return c;
+                                }
+                            }
+                        }
+                    }
+                    _ = self.waker.notified() => {}
+                    _ = &mut deadline, if self.keep_alive.is_some() => {
+                        debug!("keep alive timeout");
+                        return Close::error(rc::KEEP_ALIVE_TIMEOUT);
+                    }
                 }
             }
         }
