@@ -60,10 +60,9 @@ use tracing::{debug, debug_span, warn, Instrument};
 const WRITE_HIGH_WATER_BYTES: usize = 64 * 1024;
 /// First capacity of a write buffer taken for acknowledgements and other small packets.
 const WRITE_BUFFER_MIN_BYTES: usize = 256;
-/// A read buffer holding part of a packet grows by this step when less than
-/// [`READ_ROOM_MIN_BYTES`] is free; it is also the size of each thread's read scratch.
+/// Size of each thread's read scratch (see [`read_some`]): the most one read takes.
 const READ_BUFFER_STEP_BYTES: usize = 16 * 1024;
-/// Free room below which a read buffer holding part of a packet grows.
+/// Free room below which a read buffer grows, when a read has to go in place.
 const READ_ROOM_MIN_BYTES: usize = 256;
 /// How long the final DISCONNECT and buffered data may take to flush.
 const FLUSH_TIMEOUT_MS: u64 = 1_000;
@@ -280,14 +279,12 @@ thread_local! {
 
 /// Read once from `reader` into `rbuf`; `Ok(0)` at the end of the stream. Cancel safe.
 ///
-/// - `rbuf` holds part of a packet: it grows by [`READ_BUFFER_STEP_BYTES`] when short of
-///   room, and the read goes in place.
-/// - `rbuf` is empty and has room (data is flowing): the read goes in place; if nothing is
-///   there to read, the buffer is dropped before waiting.
-/// - `rbuf` has no room (released, or used up by the packets split off it): the read goes
-///   into this thread's scratch buffer and `rbuf` takes a copy of what was read.
-///
-/// So an idle connection holds no read buffer, and one that is busy keeps reading in place.
+/// The read goes into this thread's scratch buffer ([`READ_BUFFER_STEP_BYTES`]), and `rbuf`
+/// takes a copy of what was read: it holds what a connection has received and not yet
+/// decoded, never room for what it might receive. So an idle connection holds no read buffer
+/// (an empty one is dropped before waiting), a silent or slow one that sent part of a packet
+/// holds only that part, and a large packet grows its buffer geometrically. The packets split
+/// off the buffer keep only the read they came in.
 fn read_some<'a, R: AsyncRead + Unpin>(
     reader: &'a mut R,
     rbuf: &'a mut BytesMut,
@@ -300,20 +297,12 @@ fn poll_read_some<R: AsyncRead + Unpin>(
     rbuf: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<std::io::Result<usize>> {
-    if !rbuf.is_empty() && rbuf.capacity() - rbuf.len() < READ_ROOM_MIN_BYTES {
-        rbuf.reserve(READ_BUFFER_STEP_BYTES);
-    }
-    if rbuf.capacity() > rbuf.len() {
-        let polled = std::pin::pin!(reader.read_buf(&mut *rbuf)).poll(cx);
-        if polled.is_pending() && rbuf.is_empty() {
-            *rbuf = BytesMut::new();
-        }
-        return polled;
-    }
     READ_SCRATCH.with(|scratch| {
         let Ok(mut scratch) = scratch.try_borrow_mut() else {
             // Not expected (no read nests in another on one thread): read in place.
-            rbuf.reserve(READ_ROOM_MIN_BYTES);
+            if rbuf.capacity() - rbuf.len() < READ_ROOM_MIN_BYTES {
+                rbuf.reserve(READ_BUFFER_STEP_BYTES);
+            }
             return std::pin::pin!(reader.read_buf(&mut *rbuf)).poll(cx);
         };
         if scratch.len() < READ_BUFFER_STEP_BYTES {
@@ -323,14 +312,19 @@ fn poll_read_some<R: AsyncRead + Unpin>(
         match Pin::new(&mut *reader).poll_read(cx, &mut rb) {
             Poll::Ready(Ok(())) => {
                 let filled = rb.filled();
+                let n = filled.len();
+                if rbuf.capacity() - rbuf.len() < n {
+                    // At least doubling: a large packet arrives in many reads.
+                    rbuf.reserve(n.max(rbuf.len()));
+                }
                 rbuf.extend_from_slice(filled);
-                Poll::Ready(Ok(filled.len()))
+                Poll::Ready(Ok(n))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
                 if rbuf.is_empty() {
-                    // An empty view of the last read's allocation (its packets split off)
-                    // would keep that allocation alive.
+                    // Nothing buffered: no buffer while waiting. (An empty view of the last
+                    // read, its packets split off, would also keep that read's memory.)
                     *rbuf = BytesMut::new();
                 }
                 Poll::Pending
