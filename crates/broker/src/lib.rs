@@ -28,6 +28,7 @@ pub mod streams;
 pub mod sub_codec;
 pub mod sys;
 pub mod tls;
+pub mod waker;
 pub mod ws;
 
 pub use broker::Broker;

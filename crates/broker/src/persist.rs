@@ -151,7 +151,7 @@ pub enum Op {
         filter: String,
     },
     /// Wake this notifier once everything before it is flushed.
-    Wake(Arc<crate::session::ConnWaker>),
+    Wake(Arc<crate::waker::ConnWaker>),
 }
 
 /// Move the entries of the old `b_queue` tree (one sled entry per queued message) into the

@@ -74,7 +74,7 @@ impl Retention {
             p.raise_carry_floor(cut);
             let report = carry(broker, self.carried_to, cut);
             // Wait until every carry op (and everything before it) is flushed.
-            let done = Arc::new(crate::session::ConnWaker::new());
+            let done = Arc::new(crate::waker::ConnWaker::new());
             let ticket = p.submit(Op::Wake(done.clone()));
             while p.flushed() < ticket {
                 if p.is_failed() {
