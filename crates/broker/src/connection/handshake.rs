@@ -42,6 +42,16 @@ pub(super) async fn reject_bad_connect<W: AsyncWrite + Unpin>(writer: &mut W, er
             return;
         }
     };
+    let out = connack_refusal(code, version);
+    let _ = tokio::time::timeout(
+        Duration::from_millis(FLUSH_TIMEOUT_MS),
+        writer.write_all(&out),
+    )
+    .await;
+}
+
+/// A CONNACK refusing the connection with `code`, encoded for `version`.
+fn connack_refusal(code: u8, version: ProtocolVersion) -> BytesMut {
     let mut out = BytesMut::new();
     encode(
         &Packet::ConnAck(ConnAck {
@@ -51,11 +61,7 @@ pub(super) async fn reject_bad_connect<W: AsyncWrite + Unpin>(writer: &mut W, er
         version,
         &mut out,
     );
-    let _ = tokio::time::timeout(
-        Duration::from_millis(FLUSH_TIMEOUT_MS),
-        writer.write_all(&out),
-    )
-    .await;
+    out
 }
 
 impl Conn {
@@ -69,18 +75,7 @@ impl Conn {
         let cfg = &broker.config.mqtt;
         let version = c.protocol;
         let v5 = version.is_v5();
-        let refuse = |code: u8| -> BytesMut {
-            let mut out = BytesMut::new();
-            encode(
-                &Packet::ConnAck(ConnAck {
-                    reason_code: code,
-                    ..Default::default()
-                }),
-                version,
-                &mut out,
-            );
-            out
-        };
+        let refuse = |code: u8| connack_refusal(code, version);
         let mut reject: Option<u8> = None;
         if broker.is_shutting_down() {
             reject = Some(rc::SERVER_UNAVAILABLE);
