@@ -98,6 +98,9 @@ pub struct Broker {
     pub persist: Arc<Persist>,
     /// Password file and ACL, swapped as a whole on reload.
     auth: RwLock<Arc<Auth>>,
+    /// Bumped after every reload of `auth`: a connection's remembered ACL answer for its last
+    /// topic holds while this is unchanged.
+    auth_generation: AtomicU64,
     /// Named streams: the registry and the index over the log.
     pub streams: Arc<lanemq_streams::engine::Engine>,
     /// The lite-topic layer: lanes and their consumer groups.
@@ -160,6 +163,7 @@ impl Broker {
             next_client_seq: AtomicU64::new(1),
             persist,
             auth: RwLock::new(Arc::new(auth)),
+            auth_generation: AtomicU64::new(1),
             streams,
             lite,
             queue_budget,
@@ -240,6 +244,11 @@ impl Broker {
         self.auth.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Changes with every reload of the password file and the ACL (never 0).
+    pub fn auth_generation(&self) -> u64 {
+        self.auth_generation.load(Ordering::Acquire)
+    }
+
     /// Re-read the password file and the ACL (SIGHUP, `POST /api/v5/authorization/reload`).
     /// A file that fails to load is reported and the rules in force stay. Then every
     /// subscription of every session whose client is known is checked against the new rules
@@ -247,6 +256,7 @@ impl Broker {
     pub fn reload_auth(&self) -> Result<u64, String> {
         let auth = Auth::load(&self.config.server)?;
         *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(auth);
+        self.auth_generation.fetch_add(1, Ordering::AcqRel);
         let sessions: Vec<Arc<Session>> = self.sessions_lock().values().cloned().collect();
         Ok(sessions.iter().map(|s| self.revoke_denied(s, true)).sum())
     }

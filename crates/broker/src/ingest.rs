@@ -21,7 +21,7 @@
 use crate::broker::{Broker, Ingested, API_IDENTITY};
 use crate::message::{Delivery, Message, NOT_STORED};
 use crate::persist::Op;
-use crate::router::Target;
+use crate::router::{RouteCache, Target};
 use crate::session::PushOutcome;
 use lanemq_lite::engine::Classified;
 use lanemq_protocol::topic;
@@ -42,13 +42,15 @@ pub enum Admitted {
 
 impl Broker {
     /// Classify `msg` (sets `in_lane`) and append its record; `inbound_pid` is the packet id
-    /// of a QoS 2 PUBLISH (stored so a restart restores it). Never blocks the runtime for
+    /// of a QoS 2 PUBLISH (stored so a restart restores it). `on_durable` `None`: nobody waits
+    /// for the record (a QoS 0 message delivered at once; see
+    /// [`lanemq_store::Store::try_append`]). Never blocks the runtime for
     /// long: a full submission queue is waited for with `block_in_place`.
     pub fn admit(
         &self,
         msg: &mut Message,
         inbound_pid: Option<u16>,
-        on_durable: Callback,
+        on_durable: Option<Callback>,
     ) -> Result<Admitted, StoreError> {
         let lane = match self.lite.engine.classify(&msg.topic) {
             Classified::Plain => None,
@@ -72,13 +74,13 @@ impl Broker {
     }
 
     /// Append a record that belongs to no lane.
-    fn append_plain(&self, rec: RecordIn, on_durable: Callback) -> Result<u64, StoreError> {
+    fn append_plain(&self, rec: RecordIn, on_durable: Option<Callback>) -> Result<u64, StoreError> {
         match self.persist.store.try_append(rec, on_durable) {
             Ok(offset) => Ok(offset),
             Err(TryAppendError::Store(e)) => Err(e),
             Err(TryAppendError::Full(rec, cb)) => {
                 let store = self.persist.store.clone();
-                tokio::task::block_in_place(move || store.append(*rec, cb))
+                tokio::task::block_in_place(move || store.append_blocking(*rec, |_, _| {}, cb))
             }
         }
     }
@@ -88,7 +90,7 @@ impl Broker {
     fn append_lane(
         &self,
         rec: RecordIn,
-        on_durable: Callback,
+        on_durable: Option<Callback>,
         parent: u32,
         key: &str,
     ) -> Result<u64, StoreError> {
@@ -108,7 +110,7 @@ impl Broker {
             Err(TryAppendError::Full(rec, cb)) => {
                 let store = self.persist.store.clone();
                 let a = assign(engine, key.to_string());
-                tokio::task::block_in_place(move || store.append_with(*rec, a, cb))
+                tokio::task::block_in_place(move || store.append_blocking(*rec, a, cb))
             }
         }
     }
@@ -144,7 +146,31 @@ impl Broker {
     /// [`Broker::deliver`]; with `deferred`, the retained-table op and the routed marker are
     /// returned there instead of submitted (for a message delivered before it is durable: the
     /// index must never point at a record that may not survive).
-    pub fn deliver_with(&self, msg: Arc<Message>, mut deferred: Option<&mut Vec<Op>>) -> Ingested {
+    pub fn deliver_with(&self, msg: Arc<Message>, deferred: Option<&mut Vec<Op>>) -> Ingested {
+        self.deliver_routed(msg, deferred, None)
+    }
+
+    /// [`Broker::deliver_with`] for a client's PUBLISH, routed through its connection's
+    /// [`RouteCache`].
+    pub fn deliver_cached(
+        &self,
+        msg: Arc<Message>,
+        deferred: Option<&mut Vec<Op>>,
+        cache: &mut RouteCache,
+    ) -> Ingested {
+        self.stats.received(&msg);
+        let in_lane = msg.in_lane;
+        let ingested = self.deliver_routed(msg, deferred, Some(cache));
+        self.stats.routed(&ingested, in_lane);
+        ingested
+    }
+
+    fn deliver_routed(
+        &self,
+        msg: Arc<Message>,
+        mut deferred: Option<&mut Vec<Op>>,
+        cache: Option<&mut RouteCache>,
+    ) -> Ingested {
         let stored = msg.offset != NOT_STORED;
         let mut effects = false;
         let mut submit = |op: Op| match deferred.as_mut() {
@@ -180,8 +206,14 @@ impl Broker {
                 }
             }
         }
-        let mut targets: Vec<Target> = Vec::new();
-        router.route(&msg.topic, &msg.publisher, msg.qos, &mut targets);
+        let mut own: Vec<Target> = Vec::new();
+        let targets: &[Target] = match cache {
+            Some(c) => router.route_cached(&msg.topic, &msg.publisher, msg.qos, c),
+            None => {
+                router.route(&msg.topic, &msg.publisher, msg.qos, &mut own);
+                &own
+            }
+        };
         drop(router);
         if let Some(op) = retain_op {
             effects = true;
@@ -196,8 +228,8 @@ impl Broker {
                 msg: msg.clone(),
                 qos: t.qos,
                 retain,
-                sub_ids: t.sub_ids,
-                share: t.share,
+                sub_ids: t.sub_ids.clone(),
+                share: t.share.clone(),
                 seq: 0,
                 stream: None,
                 lane: None,
@@ -229,7 +261,7 @@ impl Broker {
         let cb: Callback = Box::new(move |r| {
             let _ = tx.send(r);
         });
-        match self.admit(&mut msg, None, cb) {
+        match self.admit(&mut msg, None, Some(cb)) {
             Ok(Admitted::Stored(offset)) => msg.offset = offset,
             Ok(Admitted::Refused { why, .. }) => {
                 warn!(topic = %msg.topic, %why, "will message refused by the lite layer; dropped");
@@ -324,7 +356,7 @@ impl Broker {
             let _ = tx.send(r);
         });
         match self
-            .admit(&mut m, None, cb)
+            .admit(&mut m, None, Some(cb))
             .map_err(|e| PublishError::Unavailable(format!("cannot store the message: {e}")))?
         {
             Admitted::Stored(offset) => m.offset = offset,

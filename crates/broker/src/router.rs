@@ -57,6 +57,22 @@ type Hit<'a> = (&'a Subscriber, Option<Arc<SharedOrigin>>);
 pub struct Router {
     root: Node,
     count: usize,
+    /// Bumped by every change of the subscriptions: a [`RouteCache`] of an older generation
+    /// is stale.
+    generation: u64,
+}
+
+/// The targets of the last topic one publisher routed, reused while the router is unchanged
+/// and the publisher sends the same topic at the same QoS again (a device or a load
+/// generator publishing on its own topic: the trie walk, its hashing and its allocations then
+/// happen once per change of the subscriptions, not once per message). Never holds the
+/// targets of a shared subscription, whose member is chosen per message.
+#[derive(Default)]
+pub struct RouteCache {
+    topic: Option<Arc<str>>,
+    qos: QoS,
+    generation: u64,
+    targets: Vec<Target>,
 }
 
 impl Router {
@@ -66,6 +82,7 @@ impl Router {
 
     /// Add or replace a subscription. `group` is the `$share` group, `filter` the inner filter.
     pub fn subscribe(&mut self, group: Option<&str>, filter: &str, sub: Subscriber) {
+        self.generation += 1;
         let mut node = &mut self.root;
         for level in filter.split('/') {
             node = node.children.entry(level.into()).or_default();
@@ -95,6 +112,7 @@ impl Router {
 
     /// Remove a subscription; true if it existed.
     pub fn unsubscribe(&mut self, group: Option<&str>, filter: &str, client_id: &str) -> bool {
+        self.generation += 1;
         let levels: Vec<&str> = filter.split('/').collect();
         let removed = remove(&mut self.root, &levels, group, client_id);
         if removed {
@@ -111,6 +129,29 @@ impl Router {
         }
         let grp = node.shared.get(group)?;
         choose(grp, Some(exclude)).cloned()
+    }
+
+    /// [`Router::route`] through the publisher's `cache`: the targets of `topic`, computed
+    /// again only if the topic, the QoS or the subscriptions changed since the last call.
+    pub fn route_cached<'c>(
+        &self,
+        topic: &Arc<str>,
+        publisher: &str,
+        published_qos: QoS,
+        cache: &'c mut RouteCache,
+    ) -> &'c [Target] {
+        let hit = cache.generation == self.generation
+            && cache.qos == published_qos
+            && cache.topic.as_deref() == Some(&**topic);
+        if !hit {
+            cache.targets.clear();
+            self.route(topic, publisher, published_qos, &mut cache.targets);
+            let shared = cache.targets.iter().any(|t| t.share.is_some());
+            cache.topic = (!shared).then(|| topic.clone());
+            cache.qos = published_qos;
+            cache.generation = self.generation;
+        }
+        &cache.targets
     }
 
     /// Every session that should receive a message published on `topic` by `publisher`.

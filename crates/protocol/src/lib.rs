@@ -16,6 +16,6 @@ pub mod reason;
 pub mod topic;
 pub mod validation;
 
-pub use codec::{decode, encode, encoded_len, peek_fixed_header, DecodeError};
+pub use codec::{decode, encode, encoded_len, peek_fixed_header, DecodeError, PublishOut};
 pub use packets::*;
 pub use validation::ValidationError;

@@ -109,7 +109,7 @@ impl From<sled::Error> for StoreError {
 pub enum TryAppendError {
     /// The submission queue is at `queue_records_max` / `queue_bytes_max`. The record and
     /// its callback are handed back untouched so the caller can retry or push back.
-    Full(Box<RecordIn>, Callback),
+    Full(Box<RecordIn>, Option<Callback>),
     /// The store refused the record (failed, closed, invalid, too large). The callback was
     /// dropped without being called.
     Store(StoreError),

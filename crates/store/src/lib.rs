@@ -35,7 +35,7 @@ pub use fs::{Faults, Fs, LogFile, MemFs, StdFs};
 pub use index::Index;
 pub use log::{
     now_us, Callback, Cut, FsyncPolicy, LogReader, RecoveryReport, RetentionReport, Store,
-    StoreOptions,
+    StoreOptions, QUIET_SYNC_MAX,
 };
 pub use record::{IndexHint, Properties, Record, RecordIn};
 pub use segment::{idx_file_name, segment_file_name, SEGMENT_HEADER_LEN};

@@ -50,6 +50,12 @@ use crate::stats::LogStats;
 /// error that prevented it. Runs on the storage thread; must not block.
 pub type Callback = Box<dyn FnOnce(Result<u64, StoreError>) + Send + 'static>;
 
+/// Under [`FsyncPolicy::Always`], how long a record nobody waits for (appended without a
+/// callback: a QoS 0 publish) may stay written but not fsynced, waiting for a record someone
+/// waits for to share the fsync. A stream of QoS 0 messages alone costs at most one fsync per
+/// this period instead of one per write.
+pub const QUIET_SYNC_MAX: Duration = Duration::from_millis(10);
+
 /// When a record counts as durable (see `docs/durability.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsyncPolicy {
@@ -205,13 +211,16 @@ struct Queue {
     items: Vec<Item>,
     records: usize,
     bytes: usize,
-    /// Slots reserved by appenders that are encoding outside the lock.
-    reserved_records: usize,
-    reserved_bytes: usize,
     next_offset: u64,
     last_ts: u64,
     failed: Option<StoreError>,
     closing: bool,
+    /// The storage thread waits on `not_empty`: an appender must wake it. (A condition
+    /// variable's notify is a system call even with nobody waiting; at hundreds of thousands
+    /// of appends a second it was one of the largest costs of a QoS 0 publish.)
+    writer_waiting: bool,
+    /// Appenders blocked on `not_full`.
+    full_waiters: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -425,8 +434,15 @@ impl Store {
     }
 
     /// Like [`Store::append`] but never blocks: a full queue returns
-    /// [`TryAppendError::Full`] with the record and callback handed back.
-    pub fn try_append(&self, rec: RecordIn, on_durable: Callback) -> Result<u64, TryAppendError> {
+    /// [`TryAppendError::Full`] with the record and callback handed back. Without a callback
+    /// nobody waits for the record: under `FsyncPolicy::Always` its fsync may wait up to
+    /// [`QUIET_SYNC_MAX`] for a record someone waits for (it is readable only once fsynced,
+    /// like every record under that policy).
+    pub fn try_append(
+        &self,
+        rec: RecordIn,
+        on_durable: Option<Callback>,
+    ) -> Result<u64, TryAppendError> {
         self.submit(rec, |_, _| {}, on_durable, false)
     }
 
@@ -435,7 +451,7 @@ impl Store {
         &self,
         rec: RecordIn,
         assign: impl FnOnce(u64, &mut Vec<IndexHint>),
-        on_durable: Callback,
+        on_durable: Option<Callback>,
     ) -> Result<u64, TryAppendError> {
         self.submit(rec, assign, on_durable, false)
     }
@@ -449,6 +465,17 @@ impl Store {
         assign: impl FnOnce(u64, &mut Vec<IndexHint>),
         on_durable: Callback,
     ) -> Result<u64, StoreError> {
+        self.append_blocking(rec, assign, Some(on_durable))
+    }
+
+    /// [`Store::append_with`] where nobody may wait (`on_durable` `None`), as in
+    /// [`Store::try_append`].
+    pub fn append_blocking(
+        &self,
+        rec: RecordIn,
+        assign: impl FnOnce(u64, &mut Vec<IndexHint>),
+        on_durable: Option<Callback>,
+    ) -> Result<u64, StoreError> {
         match self.submit(rec, assign, on_durable, true) {
             Ok(o) => Ok(o),
             Err(TryAppendError::Store(e)) => Err(e),
@@ -461,7 +488,7 @@ impl Store {
         &self,
         rec: RecordIn,
         assign: impl FnOnce(u64, &mut Vec<IndexHint>),
-        cb: Callback,
+        cb: Option<Callback>,
         block: bool,
     ) -> Result<u64, TryAppendError> {
         let sh = self.shared();
@@ -473,55 +500,41 @@ impl Store {
                 max: lim.record_bytes_max,
             }));
         }
-        // 1. Reserve queue space (blocking or not).
-        {
-            let mut q = lock(&sh.q);
-            loop {
-                if let Some(e) = &q.failed {
-                    return Err(TryAppendError::Store(StoreError::Failed(Box::new(
-                        e.clone(),
-                    ))));
-                }
-                if q.closing {
-                    return Err(TryAppendError::Store(StoreError::Closed));
-                }
-                let recs = q.records + q.reserved_records;
-                let bytes = q.bytes + q.reserved_bytes;
-                if recs < lim.queue_records_max && (recs == 0 || bytes + est <= lim.queue_bytes_max)
-                {
-                    break;
-                }
-                if !block {
-                    return Err(TryAppendError::Full(Box::new(rec), cb));
-                }
-                q = sh.not_full.wait(q).unwrap_or_else(|p| p.into_inner());
-            }
-            q.reserved_records += 1;
-            q.reserved_bytes += est;
-        }
-        // 2. Encode outside the lock.
+        // Encode outside the lock (the payload copy is the expensive part). Should the queue
+        // turn out to be full, a non-blocking caller gets the record back and this is lost
+        // work; one lock per append matters more (the appenders of every connection and the
+        // storage thread share it).
         let ts_in = rec.timestamp_us;
-        let partial = PartialRecord::encode(rec);
-        // 3. Assign offset and timestamp, finish, queue.
+        let partial = PartialRecord::encode(&rec);
         let mut q = lock(&sh.q);
-        q.reserved_records -= 1;
-        q.reserved_bytes -= est;
+        loop {
+            if let Some(e) = &q.failed {
+                return Err(TryAppendError::Store(StoreError::Failed(Box::new(
+                    e.clone(),
+                ))));
+            }
+            if q.closing {
+                return Err(TryAppendError::Store(StoreError::Closed));
+            }
+            let recs = q.records;
+            if recs < lim.queue_records_max && (recs == 0 || q.bytes + est <= lim.queue_bytes_max) {
+                break;
+            }
+            if !block {
+                return Err(TryAppendError::Full(Box::new(rec), cb));
+            }
+            q.full_waiters += 1;
+            q = sh.not_full.wait(q).unwrap_or_else(|p| p.into_inner());
+            q.full_waiters -= 1;
+        }
         let refuse = |q: MutexGuard<'_, Queue>, e: StoreError| {
             drop(q);
-            sh.not_full.notify_one();
             Err(TryAppendError::Store(e))
         };
         let mut partial = match partial {
             Ok(p) => p,
             Err(why) => return refuse(q, StoreError::InvalidRecord(why)),
         };
-        if let Some(e) = &q.failed {
-            let e = StoreError::Failed(Box::new(e.clone()));
-            return refuse(q, e);
-        }
-        if q.closing {
-            return refuse(q, StoreError::Closed);
-        }
         let offset = q.next_offset;
         assign(offset, partial.hints_mut());
         let len = partial.finished_len(0);
@@ -542,10 +555,14 @@ impl Store {
             offset,
             ts,
             bytes,
-            cb: Some(cb),
+            cb,
         });
+        let wake = q.writer_waiting;
         drop(q);
-        sh.not_empty.notify_one();
+        if wake {
+            sh.not_empty.notify_one();
+        }
+        drop(rec);
         Ok(offset)
     }
 
@@ -556,6 +573,31 @@ impl Store {
         recs: Vec<RecordIn>,
         on_durable: Callback,
     ) -> Result<Range<u64>, StoreError> {
+        self.batch(&recs, Some(on_durable), true)?
+            .ok_or(StoreError::Closed)
+    }
+
+    /// Appends several records nobody waits for (as [`Store::try_append`] without a
+    /// callback) with consecutive offsets, under one lock. Never blocks: `Ok(None)` when the
+    /// queue has no room for them (nothing was appended).
+    pub fn try_append_quiet_batch(
+        &self,
+        recs: &[RecordIn],
+    ) -> Result<Option<Range<u64>>, StoreError> {
+        self.batch(recs, None, false)
+    }
+
+    /// [`Store::try_append_quiet_batch`], waiting while the queue is full.
+    pub fn append_quiet_batch(&self, recs: &[RecordIn]) -> Result<Range<u64>, StoreError> {
+        self.batch(recs, None, true)?.ok_or(StoreError::Closed)
+    }
+
+    fn batch(
+        &self,
+        recs: &[RecordIn],
+        on_durable: Option<Callback>,
+        block: bool,
+    ) -> Result<Option<Range<u64>>, StoreError> {
         let sh = self.shared();
         let lim = sh.limits;
         if recs.is_empty() {
@@ -587,35 +629,50 @@ impl Store {
             if q.closing {
                 return Err(StoreError::Closed);
             }
-            let recs = q.records + q.reserved_records;
-            let bytes = q.bytes + q.reserved_bytes;
+            let recs = q.records;
+            let bytes = q.bytes;
             if recs == 0
                 || (recs + n <= lim.queue_records_max && bytes + total <= lim.queue_bytes_max)
             {
                 break;
             }
+            if !block {
+                return Ok(None);
+            }
+            q.full_waiters += 1;
             q = sh.not_full.wait(q).unwrap_or_else(|p| p.into_inner());
+            q.full_waiters -= 1;
         }
         let first = q.next_offset;
-        let mut cb = Some(on_durable);
+        let mut cb = on_durable;
+        let mut items = Vec::with_capacity(n);
+        let mut last_ts = q.last_ts;
+        let mut bytes_total = 0;
         for (i, (ts_in, p)) in parts.into_iter().enumerate() {
             let offset = first + i as u64;
-            let ts = ts_in.unwrap_or_else(now_us).max(q.last_ts);
+            let ts = ts_in.unwrap_or_else(now_us).max(last_ts);
+            // Nothing is queued unless every record of the batch is.
             let bytes = p.finish(offset, ts).map_err(StoreError::InvalidRecord)?;
-            q.last_ts = ts;
-            q.records += 1;
-            q.bytes += bytes.len();
-            q.items.push(Item::Record {
+            last_ts = ts;
+            bytes_total += bytes.len();
+            items.push(Item::Record {
                 offset,
                 ts,
                 bytes,
                 cb: if i + 1 == n { cb.take() } else { None },
             });
         }
+        q.last_ts = last_ts;
+        q.records += n;
+        q.bytes += bytes_total;
+        q.items.append(&mut items);
         q.next_offset = first + n as u64;
+        let wake = q.writer_waiting;
         drop(q);
-        sh.not_empty.notify_one();
-        Ok(first..first + n as u64)
+        if wake {
+            sh.not_empty.notify_one();
+        }
+        Ok(Some(first..first + n as u64))
     }
 
     /// Reads one record (CRC-checked). Only offsets in `first_offset()..committed_offset()`.
@@ -946,7 +1003,7 @@ fn fire(cb: Callback, r: Result<u64, StoreError>) {
 impl Writer {
     fn run(mut self) {
         loop {
-            let (items, closing, failed) = {
+            let (items, closing, failed, blocked) = {
                 let mut q = lock(&self.shared.q);
                 loop {
                     if !q.items.is_empty() || q.closing {
@@ -958,35 +1015,43 @@ impl Writer {
                             if now >= deadline {
                                 break;
                             }
+                            q.writer_waiting = true;
                             q = self
                                 .shared
                                 .not_empty
                                 .wait_timeout(q, deadline - now)
                                 .map(|(g, _)| g)
                                 .unwrap_or_else(|p| p.into_inner().0);
+                            q.writer_waiting = false;
                         }
                         None => {
+                            q.writer_waiting = true;
                             q = self
                                 .shared
                                 .not_empty
                                 .wait(q)
                                 .unwrap_or_else(|p| p.into_inner());
+                            q.writer_waiting = false;
                         }
                     }
                 }
                 let items = std::mem::take(&mut q.items);
                 q.records = 0;
                 q.bytes = 0;
-                (items, q.closing, q.failed.clone())
+                (items, q.closing, q.failed.clone(), q.full_waiters > 0)
             };
-            self.shared.not_full.notify_all();
+            if blocked {
+                self.shared.not_full.notify_all();
+            }
             if let Some(e) = failed {
                 fail_items(items, &e);
             } else if !items.is_empty() {
                 self.process(items);
             } else if self.sync_deadline().is_some_and(|d| Instant::now() >= d) {
-                if let Err(e) = self.sync_tail() {
-                    self.set_failed(e);
+                match self.sync_tail() {
+                    // Quiet records under `Always` become readable now.
+                    Ok(()) => self.publish(),
+                    Err(e) => self.set_failed(e),
                 }
             }
             if closing {
@@ -1003,6 +1068,8 @@ impl Writer {
     fn sync_deadline(&self) -> Option<Instant> {
         match self.shared.limits.fsync {
             FsyncPolicy::Interval(d) if self.dirty => Some(self.last_sync + d),
+            // Quiet records written and not fsynced yet.
+            FsyncPolicy::Always if self.dirty => Some(self.last_sync + QUIET_SYNC_MAX),
             _ => None,
         }
     }
@@ -1112,14 +1179,20 @@ impl Writer {
         }
         self.flush_buf()?;
         let sync_now = match lim.fsync {
-            FsyncPolicy::Always => true,
+            // Someone waits, or a quiet record has waited long enough.
+            FsyncPolicy::Always => {
+                force_sync || !done.is_empty() || self.last_sync.elapsed() >= QUIET_SYNC_MAX
+            }
             FsyncPolicy::Interval(d) => force_sync || self.last_sync.elapsed() >= d,
             FsyncPolicy::Never => force_sync,
         };
         if sync_now && self.dirty {
             self.sync_tail()?;
         }
-        self.publish();
+        if lim.fsync != FsyncPolicy::Always || !self.dirty {
+            // Under `Always` a record is readable once fsynced (quiet ones wait here).
+            self.publish();
+        }
         Ok(())
     }
 

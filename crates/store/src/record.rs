@@ -260,7 +260,7 @@ fn encode_properties(buf: &mut Vec<u8>, p: &Properties) -> Result<(), &'static s
 impl PartialRecord {
     /// Encodes everything but the offset, timestamp, hints and CRC. The expensive part
     /// (copying the payload) happens here, outside any lock.
-    pub(crate) fn encode(rec: RecordIn) -> Result<PartialRecord, &'static str> {
+    pub(crate) fn encode(rec: &RecordIn) -> Result<PartialRecord, &'static str> {
         if rec.qos > 2 {
             return Err("QoS above 2");
         }
@@ -302,7 +302,7 @@ impl PartialRecord {
         buf.extend_from_slice(&rec.payload);
         Ok(PartialRecord {
             buf,
-            hints: rec.index_hints,
+            hints: rec.index_hints.clone(),
         })
     }
 
@@ -352,7 +352,7 @@ pub fn encode_record(
     timestamp_us: u64,
     rec: RecordIn,
 ) -> Result<Vec<u8>, &'static str> {
-    PartialRecord::encode(rec)?.finish(offset, timestamp_us)
+    PartialRecord::encode(&rec)?.finish(offset, timestamp_us)
 }
 
 /// What the bytes at a position look like.

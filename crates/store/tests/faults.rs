@@ -114,7 +114,7 @@ fn failed_fsync_is_fail_stop() {
         s.append(rec(4), ignore()),
         Err(StoreError::Failed(_))
     ));
-    assert!(s.try_append(rec(4), ignore()).is_err());
+    assert!(s.try_append(rec(4), Some(ignore())).is_err());
     assert!(matches!(
         s.append_batch(vec![rec(4)], ignore()),
         Err(StoreError::Failed(_))

@@ -250,9 +250,9 @@ fn try_append_reports_full_and_append_blocks_until_space() {
         std::thread::sleep(Duration::from_millis(1));
     }
     for i in 1..=4 {
-        s.try_append(rec(i), ignore()).expect("room");
+        s.try_append(rec(i), Some(ignore())).expect("room");
     }
-    let back = match s.try_append(rec(5), ignore()) {
+    let back = match s.try_append(rec(5), Some(ignore())) {
         Err(TryAppendError::Full(r, _cb)) => r,
         other => panic!("expected Full, got {other:?}"),
     };
@@ -269,6 +269,50 @@ fn try_append_reports_full_and_append_blocks_until_space() {
     assert_eq!(h.join().expect("join").expect("append"), 5);
     s.sync().expect("sync");
     assert_eq!(s.committed_offset(), 6);
+}
+
+/// Waits (at most 10 s) until `cond` holds.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < until, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn quiet_records_share_the_next_fsync_and_are_readable_only_once_fsynced() {
+    let fs = MemFs::new();
+    let (s, _) = Store::open(mem_opts(&fs)).expect("open");
+    // Right after an fsync, a record nobody waits for is written but not fsynced...
+    s.append(rec(0), ignore()).expect("append");
+    s.sync().expect("sync");
+    let syncs = fs.syncs();
+    let quiet = s.try_append(rec(1), None).expect("append");
+    assert_eq!(quiet, 1);
+    // ...and the next record someone waits for takes it along in one fsync.
+    let (tx, rx) = std::sync::mpsc::channel();
+    s.append(
+        rec(2),
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    )
+    .expect("append");
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("ack")
+            .expect("ok"),
+        2
+    );
+    assert_eq!(s.committed_offset(), 3);
+    assert!(fs.syncs() - syncs <= 2, "{} fsyncs", fs.syncs() - syncs);
+    // Alone, a quiet record is fsynced (and readable) within QUIET_SYNC_MAX of the last fsync.
+    let before = fs.syncs();
+    s.try_append(rec(3), None).expect("append");
+    eventually("the quiet record is fsynced", || s.committed_offset() == 4);
+    assert!(fs.syncs() > before);
+    assert_eq!(s.read(3).expect("read").offset, 3);
 }
 
 #[test]

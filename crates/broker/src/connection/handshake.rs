@@ -351,6 +351,7 @@ impl Conn {
             enhanced: enhanced
                 .as_ref()
                 .map(|v| Box::new(crate::enhanced_auth::Live::new(v))),
+            last_topic: None,
         };
         if resumed {
             broker

@@ -42,8 +42,8 @@ use lanemq_protocol::reason as rc;
 use lanemq_protocol::topic;
 use lanemq_protocol::{
     decode, encode, encoded_len, AckProperties, ConnAck, ConnAckProperties, Connect, DecodeError,
-    Disconnect, Packet, ProtocolVersion, PubResp, Publish, QoS, SubAck, Subscribe, UnsubAck,
-    Unsubscribe, Will,
+    Disconnect, Packet, ProtocolVersion, PubResp, Publish, PublishOut, QoS, SubAck, Subscribe,
+    UnsubAck, Unsubscribe, Will,
 };
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -489,6 +489,79 @@ struct Conn {
     feeders: LazyMap<String, tokio::task::JoinHandle<()>>,
     /// Enhanced authentication: the method and user, and a re-authentication in progress.
     enhanced: Option<Box<crate::enhanced_auth::Live>>,
+    /// The last topic this client published on, its ACL answer and its route; taken with
+    /// the first PUBLISH (a connection that only subscribes never holds one).
+    last_topic: Option<Box<LastTopic>>,
+}
+
+/// What a connection remembers of the last topic it published on: a client usually
+/// publishes on one topic, or a few, over and over.
+#[derive(Default)]
+struct LastTopic {
+    /// The topic; its `Arc` is shared by every message published on it.
+    topic: Option<Arc<str>>,
+    /// [`Broker::auth_generation`] of `allowed` (0: not checked yet).
+    acl_generation: u64,
+    allowed: bool,
+    route: crate::router::RouteCache,
+}
+
+/// The topic alias of an outbound PUBLISH (see [`Conn::alias_plan`]).
+#[derive(Debug, Clone, Copy)]
+enum AliasPlan {
+    None,
+    Existing(u16),
+    New(u16),
+}
+
+/// At most this many deliveries are taken from the session queue per lock.
+const DRAIN_BATCH: usize = 256;
+
+/// A delivery taken from the session queue, encoded once the lock is released.
+struct Outgoing {
+    /// For QoS 1/2 a copy with what the PUBLISH needs (the delivery itself is in flight).
+    d: Delivery,
+    pid: u16,
+    dup: bool,
+    /// The index ticket the packet waits for (QoS 2: its packet id durable).
+    ticket: Option<u64>,
+}
+
+/// What one [`Conn::drain`] did, added to the broker's counters once.
+#[derive(Default)]
+struct DrainCounts {
+    expired: u64,
+    too_large: u64,
+    qos: [u64; 3],
+    bytes_qos: [u64; 3],
+}
+
+impl DrainCounts {
+    fn record(&self, stats: &crate::broker::Stats) {
+        let sent: u64 = self.qos.iter().sum();
+        if sent > 0 {
+            stats.messages_sent.fetch_add(sent, Ordering::Relaxed);
+        }
+        if self.too_large > 0 {
+            stats
+                .messages_dropped
+                .fetch_add(self.too_large, Ordering::Relaxed);
+            stats
+                .dropped_too_large
+                .fetch_add(self.too_large, Ordering::Relaxed);
+        }
+        if self.expired > 0 {
+            stats
+                .dropped_expired
+                .fetch_add(self.expired, Ordering::Relaxed);
+        }
+        for q in 0..3 {
+            if self.qos[q] > 0 {
+                stats.sent_qos[q].fetch_add(self.qos[q], Ordering::Relaxed);
+                stats.sent_payload_bytes_qos[q].fetch_add(self.bytes_qos[q], Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl Conn {
@@ -502,10 +575,7 @@ impl Conn {
                 InflightStage::PubComp => {
                     self.encode(&Packet::PubRel(PubResp::new(e.packet_id, rc::SUCCESS)));
                 }
-                _ => {
-                    let (p, _) = self.build_publish(&e.delivery, e.packet_id, true, now);
-                    self.encode(&Packet::Publish(p));
-                }
+                _ => self.encode_delivery(&e.delivery, e.packet_id, true, now),
             }
         }
     }
@@ -551,7 +621,6 @@ impl Conn {
         self.encode(&p);
     }
 
-    /// Build an outbound PUBLISH; returns it and the topic whose alias was newly assigned.
     /// An acknowledgement from the client for packet id `pid`: if a delivery with that id is
     /// in flight, its stage must be one of `allowed` (a PUBREC for a QoS 1 message, a PUBACK
     /// for a QoS 2 one or a PUBCOMP before the PUBREL is a protocol error, MQTT 5 4.13: the
@@ -568,48 +637,86 @@ impl Conn {
         }
     }
 
-    fn build_publish(
-        &mut self,
-        d: &Delivery,
+    /// The topic alias a PUBLISH of `topic` would carry now (MQTT 5 with outbound aliases):
+    /// one already assigned, a new one while the client's Topic Alias Maximum allows, or none.
+    fn alias_plan(&self, topic: &Arc<str>) -> AliasPlan {
+        if !self.version.is_v5() || self.client_alias_max == 0 {
+            return AliasPlan::None;
+        }
+        if let Some(a) = self.outbound_aliases.get(topic) {
+            AliasPlan::Existing(*a)
+        } else if self.outbound_aliases.len() < usize::from(self.client_alias_max) {
+            AliasPlan::New((self.outbound_aliases.len() + 1) as u16)
+        } else {
+            AliasPlan::None
+        }
+    }
+
+    /// The outbound PUBLISH of a delivery, borrowing the stored message: with `alias`, the
+    /// topic is left out if the alias is already known to the client.
+    fn publish_out<'d>(
+        &self,
+        d: &'d Delivery,
         pid: u16,
         dup: bool,
         now: Instant,
-    ) -> (Publish, Option<Arc<str>>) {
-        let mut properties = if self.version.is_v5() {
-            d.msg.properties.clone()
-        } else {
-            Default::default()
+        alias: AliasPlan,
+    ) -> PublishOut<'d> {
+        let v5 = self.version.is_v5();
+        let (topic, topic_alias) = match alias {
+            AliasPlan::None => (&*d.msg.topic, None),
+            AliasPlan::Existing(a) => ("", Some(a)),
+            AliasPlan::New(a) => (&*d.msg.topic, Some(a)),
         };
-        let mut topic_name = String::new();
-        let mut new_alias = None;
-        if self.version.is_v5() {
-            properties.message_expiry_interval = d.msg.remaining_expiry_s(now);
-            properties.subscription_identifiers = d.sub_ids.clone();
-            if self.client_alias_max > 0 {
-                if let Some(a) = self.outbound_aliases.get(&d.msg.topic) {
-                    properties.topic_alias = Some(*a);
-                } else if self.outbound_aliases.len() < usize::from(self.client_alias_max) {
-                    let a = (self.outbound_aliases.len() + 1) as u16;
-                    self.outbound_aliases.insert(d.msg.topic.clone(), a);
-                    properties.topic_alias = Some(a);
-                    topic_name.push_str(&d.msg.topic);
-                    new_alias = Some(d.msg.topic.clone());
-                }
-            }
-        }
-        if (properties.topic_alias.is_none() || new_alias.is_some()) && topic_name.is_empty() {
-            topic_name.push_str(&d.msg.topic);
-        }
-        let p = Publish {
+        PublishOut {
             dup,
             qos: d.qos,
             retain: d.retain,
-            topic: topic_name,
+            topic,
             packet_id: pid,
-            properties,
-            payload: d.msg.payload.clone(),
-        };
-        (p, new_alias)
+            properties: &d.msg.properties,
+            message_expiry_interval: if v5 {
+                d.msg.remaining_expiry_s(now)
+            } else {
+                None
+            },
+            topic_alias,
+            subscription_identifiers: if v5 { &d.sub_ids } else { &[] },
+            payload: &d.msg.payload,
+        }
+    }
+
+    /// Encode a delivery into the write buffer (assigning a new topic alias if one is free).
+    fn encode_delivery(&mut self, d: &Delivery, pid: u16, dup: bool, now: Instant) {
+        let plan = self.alias_plan(&d.msg.topic);
+        if let AliasPlan::New(a) = plan {
+            self.outbound_aliases.insert(d.msg.topic.clone(), a);
+        }
+        if self.wbuf.capacity() == 0 {
+            self.wbuf.reserve(WRITE_BUFFER_MIN_BYTES);
+        }
+        let out = self.publish_out(d, pid, dup, now, plan);
+        out.encode(self.version, &mut self.wbuf);
+    }
+
+    /// Does the PUBLISH of `d` fit the client's Maximum Packet Size? `sure` is the quick
+    /// answer for a batch (whatever alias the packet ends up with); otherwise the exact one for
+    /// the alias it would get now.
+    fn fits(&self, d: &Delivery, now: Instant, sure: bool) -> bool {
+        let full = self
+            .publish_out(d, 1, false, now, AliasPlan::None)
+            .encoded_len(self.version);
+        // A new alias adds its 3-byte property, and may lengthen two length varints.
+        if full + 5 <= self.client_max_packet {
+            return true;
+        }
+        if sure {
+            return false;
+        }
+        let plan = self.alias_plan(&d.msg.topic);
+        self.publish_out(d, 1, false, now, plan)
+            .encoded_len(self.version)
+            <= self.client_max_packet
     }
 
     /// Bring spilled queue entries (log positions) back into memory, reading the log without
@@ -625,6 +732,10 @@ impl Conn {
 
     /// Move deliveries from the session queue into the write buffer, within the inflight
     /// window and the write high-water mark. Returns a kick if the connection must end.
+    ///
+    /// Deliveries are taken in batches under the session lock (packet ids, the inflight
+    /// window, the index ops) and encoded after it is released: the publishers pushing into
+    /// this session wait for the bookkeeping only, never for the encoding.
     fn drain(&mut self) -> Option<Kick> {
         let session = self.session.clone();
         let mut st = session.lock();
@@ -641,11 +752,7 @@ impl Conn {
         }
         // After the refill: a message read back from the log that has expired is due now.
         let now = Instant::now();
-        let mut sent = 0u64;
-        let mut dropped = 0u64;
-        let mut expired = 0u64;
-        let mut sent_qos = [0u64; 3];
-        let mut sent_bytes_qos = [0u64; 3];
+        let mut n = DrainCounts::default();
         if self.wbuf.capacity() == 0 && !st.queue.is_empty() {
             // Released while idle: size it for what is queued, up to the high-water mark.
             let want = st
@@ -653,117 +760,145 @@ impl Conn {
                 .clamp(WRITE_BUFFER_MIN_BYTES, WRITE_HIGH_WATER_BYTES);
             self.wbuf.reserve(want);
         }
-        while self.wbuf.len() < WRITE_HIGH_WATER_BYTES {
-            let Some(front) = st.queue.front() else { break };
-            if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.send_window {
-                break;
-            }
-            let Some(d) = st.pop_queue() else { break };
-            if d.msg.is_expired(now) {
-                expired += 1;
-                self.forget_delivery(d.seq, None);
-                if let Some(t) = &d.stream {
-                    t.done();
+        let mut batch: Vec<Outgoing> = Vec::new();
+        loop {
+            // Under the lock: take what fits the write buffer.
+            let mut planned = self.wbuf.len();
+            while planned < WRITE_HIGH_WATER_BYTES && batch.len() < DRAIN_BATCH {
+                let Some(front) = st.queue.front() else { break };
+                if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.send_window {
+                    break;
                 }
-                if let Some(t) = d.lane {
-                    self.broker.lite.done(t);
+                let Some(d) = st.pop_queue() else { break };
+                if d.msg.is_expired(now) {
+                    n.expired += 1;
+                    self.discard(&d);
+                    continue;
                 }
-                continue;
-            }
-            let pid = if d.qos == QoS::AtMostOnce {
-                0
-            } else {
-                match st.alloc_pid() {
-                    Some(pid) => pid,
-                    None => {
+                if !self.fits(&d, now, true) {
+                    // Near the client's Maximum Packet Size: decided alone, with the alias
+                    // it would get after what is batched before it has been encoded.
+                    if !batch.is_empty() {
                         st.unpop_queue(d);
                         break;
                     }
+                    if !self.fits(&d, now, false) {
+                        // [MQTT-3.1.2-25]: discard as if delivered.
+                        self.discard(&d);
+                        n.too_large += 1;
+                        continue;
+                    }
                 }
-            };
-            let dup = d.lane.is_some_and(|t| t.dup);
-            let (p, new_alias) = self.build_publish(&d, pid, dup, now);
-            let packet = Packet::Publish(p);
-            if encoded_len(&packet, self.version) > self.client_max_packet {
-                // [MQTT-3.1.2-25]: discard as if delivered.
-                if let Some(t) = new_alias {
-                    self.outbound_aliases.remove(&t);
+                let pid = if d.qos == QoS::AtMostOnce {
+                    0
+                } else {
+                    match st.alloc_pid() {
+                        Some(pid) => pid,
+                        None => {
+                            st.unpop_queue(d);
+                            break;
+                        }
+                    }
+                };
+                let mut ticket = None;
+                if d.seq != 0 && d.qos != QoS::AtMostOnce {
+                    let stage = if d.qos == QoS::ExactlyOnce { 2 } else { 1 };
+                    let t = self.broker.persist.submit(Op::InflightPut {
+                        client: self.client_id.clone(),
+                        pid,
+                        seq: d.seq,
+                        stage,
+                    });
+                    if stage == 2 {
+                        // A QoS 2 PUBLISH goes out only once its packet id is durable, so that
+                        // a resend after a crash carries the same id and the client
+                        // de-duplicates it.
+                        ticket = Some(t);
+                    }
                 }
-                st.pids_in_use.remove(&pid);
-                self.forget_delivery(d.seq, None);
-                if let Some(t) = &d.stream {
-                    t.done();
-                }
-                if let Some(t) = d.lane {
-                    self.broker.lite.done(t);
-                }
-                dropped += 1;
-                continue;
-            }
-            if d.seq != 0 && d.qos != QoS::AtMostOnce {
-                let stage = if d.qos == QoS::ExactlyOnce { 2 } else { 1 };
-                let t = self.broker.persist.submit(Op::InflightPut {
-                    client: self.client_id.clone(),
+                planned += d.msg.cost();
+                let dup = d.lane.is_some_and(|t| t.dup);
+                let d = if d.qos == QoS::AtMostOnce {
+                    d
+                } else {
+                    let copy = Delivery {
+                        msg: d.msg.clone(),
+                        qos: d.qos,
+                        retain: d.retain,
+                        sub_ids: d.sub_ids.clone(),
+                        share: None,
+                        seq: 0,
+                        stream: None,
+                        lane: None,
+                    };
+                    let stage = if d.qos == QoS::AtLeastOnce {
+                        InflightStage::PubAck
+                    } else {
+                        InflightStage::PubRec
+                    };
+                    st.inflight.push_back(Inflight {
+                        packet_id: pid,
+                        stage,
+                        delivery: d,
+                    });
+                    copy
+                };
+                batch.push(Outgoing {
+                    d,
                     pid,
-                    seq: d.seq,
-                    stage,
+                    dup,
+                    ticket,
                 });
-                if stage == 2 {
-                    // A QoS 2 PUBLISH goes out only once its packet id is durable, so that a
-                    // resend after a crash carries the same id and the client de-duplicates it.
+            }
+            if st.queue.is_empty() && st.queue.capacity() > TRIM_QUEUE_CAPACITY {
+                st.trim();
+            }
+            if batch.is_empty() {
+                break;
+            }
+            drop(st);
+            // Without the lock: encode (the last reference to a message may go here too).
+            for o in batch.drain(..) {
+                if let Some(t) = o.ticket {
                     self.barrier(t);
                 }
+                self.encode_delivery(&o.d, o.pid, o.dup, now);
+                let q = o.d.qos.as_u8() as usize & 3;
+                if let (Some(c), Some(b)) = (n.qos.get_mut(q), n.bytes_qos.get_mut(q)) {
+                    *c += 1;
+                    *b += o.d.msg.payload.len() as u64;
+                }
+                if o.d.qos == QoS::AtMostOnce {
+                    if let Some(t) = &o.d.stream {
+                        t.done();
+                    }
+                    if let Some(t) = o.d.lane {
+                        self.broker.lite.done(t);
+                    }
+                }
             }
-            encode(&packet, self.version, &mut self.wbuf);
-            sent += 1;
-            let q = d.qos.as_u8() as usize & 3;
-            if let (Some(n), Some(b)) = (sent_qos.get_mut(q), sent_bytes_qos.get_mut(q)) {
-                *n += 1;
-                *b += d.msg.payload.len() as u64;
+            st = session.lock();
+            if st.ended || st.generation != self.generation {
+                drop(st);
+                n.record(&self.broker.stats);
+                return Some(Kick::TakenOver);
             }
-            if let (Some(t), QoS::AtMostOnce) = (&d.stream, d.qos) {
-                t.done();
-            }
-            if let (Some(t), QoS::AtMostOnce) = (d.lane, d.qos) {
-                self.broker.lite.done(t);
-            }
-            if d.qos != QoS::AtMostOnce {
-                let stage = if d.qos == QoS::AtLeastOnce {
-                    InflightStage::PubAck
-                } else {
-                    InflightStage::PubRec
-                };
-                st.inflight.push_back(Inflight {
-                    packet_id: pid,
-                    stage,
-                    delivery: d,
-                });
-            }
-        }
-        if st.queue.is_empty() && st.queue.capacity() > TRIM_QUEUE_CAPACITY {
-            st.trim();
         }
         drop(st);
-        let stats = &self.broker.stats;
-        if sent > 0 {
-            stats.messages_sent.fetch_add(sent, Ordering::Relaxed);
-        }
-        if dropped > 0 {
-            stats.messages_dropped.fetch_add(dropped, Ordering::Relaxed);
-            stats
-                .dropped_too_large
-                .fetch_add(dropped, Ordering::Relaxed);
-        }
-        if expired > 0 {
-            stats.dropped_expired.fetch_add(expired, Ordering::Relaxed);
-        }
-        for q in 0..3 {
-            if sent_qos[q] > 0 {
-                stats.sent_qos[q].fetch_add(sent_qos[q], Ordering::Relaxed);
-                stats.sent_payload_bytes_qos[q].fetch_add(sent_bytes_qos[q], Ordering::Relaxed);
-            }
-        }
+        n.record(&self.broker.stats);
         None
+    }
+
+    /// A delivery taken from the queue that will not be sent (expired, too large): its queue
+    /// entry is forgotten and its stream or lane is told.
+    fn discard(&self, d: &Delivery) {
+        self.forget_delivery(d.seq, None);
+        if let Some(t) = &d.stream {
+            t.done();
+        }
+        if let Some(t) = d.lane {
+            self.broker.lite.done(t);
+        }
     }
 
     /// The socket loop. A function returning an `async move` block rather than an `async fn`,

@@ -7,9 +7,15 @@ use crate::ingest::Admitted;
 impl Conn {
     pub(super) fn on_publish(&mut self, p: Publish) -> Result<(), Close> {
         let cfg = &self.broker.config.mqtt;
+        let (topic_alias_max, maximum_qos, retain_available, receive_maximum) = (
+            cfg.topic_alias_max,
+            cfg.maximum_qos,
+            cfg.retain_available,
+            cfg.receive_maximum,
+        );
         let topic: Arc<str> = match p.properties.topic_alias {
             Some(alias) => {
-                if alias == 0 || alias > cfg.topic_alias_max {
+                if alias == 0 || alias > topic_alias_max {
                     return Err(Close::error(rc::TOPIC_ALIAS_INVALID));
                 }
                 if p.topic.is_empty() {
@@ -24,7 +30,10 @@ impl Conn {
                 }
             }
             None if p.topic.is_empty() => return Err(Close::error(rc::PROTOCOL_ERROR)),
-            None => p.topic.as_str().into(),
+            None => match self.last_topic.as_deref().and_then(|l| l.topic.as_ref()) {
+                Some(t) if **t == *p.topic => t.clone(),
+                _ => p.topic.as_str().into(),
+            },
         };
         if !topic::valid_topic_name(&topic) {
             return Err(Close::error(rc::TOPIC_NAME_INVALID));
@@ -32,10 +41,10 @@ impl Conn {
         if !p.properties.subscription_identifiers.is_empty() {
             return Err(Close::error(rc::PROTOCOL_ERROR));
         }
-        if p.qos.as_u8() > cfg.maximum_qos {
+        if p.qos.as_u8() > maximum_qos {
             return Err(Close::error(rc::QOS_NOT_SUPPORTED));
         }
-        if p.retain && !cfg.retain_available {
+        if p.retain && !retain_available {
             return Err(Close::error(rc::RETAIN_NOT_SUPPORTED));
         }
         let bad_payload = p.properties.payload_format_indicator == Some(1)
@@ -55,8 +64,7 @@ impl Conn {
             self.queue_ack(ack, rc::PAYLOAD_FORMAT_INVALID);
             return Ok(());
         }
-        if topic.starts_with("$SYS/") || &*topic == "$SYS" || !self.allowed(Action::Publish, &topic)
-        {
+        if topic.starts_with("$SYS/") || &*topic == "$SYS" || !self.may_publish(&topic) {
             // Refused: $SYS is the broker's own (clients may read it, never write it), or the
             // ACL denies it. MQTT 5 learns why; 3.1.1 cannot be told, the message is dropped.
             debug!(topic = %topic, "publish refused");
@@ -72,12 +80,34 @@ impl Conn {
         }
         if p.qos == QoS::ExactlyOnce {
             let mut st = self.session.lock();
-            if st.inbound_qos2.len() >= usize::from(cfg.receive_maximum) {
+            if st.inbound_qos2.len() >= usize::from(receive_maximum) {
                 return Err(Close::error(rc::RECEIVE_MAXIMUM_EXCEEDED));
             }
             st.inbound_qos2.insert(pid);
         }
         self.accept(topic, p, ack)
+    }
+
+    /// Does the ACL allow publishing on `topic`? The answer for the last topic is remembered
+    /// until the ACL is reloaded.
+    fn may_publish(&mut self, topic: &Arc<str>) -> bool {
+        let generation = self.broker.auth_generation();
+        if let Some(l) = self.last_topic.as_deref() {
+            if l.acl_generation == generation
+                && l.topic.as_ref().is_some_and(|t| Arc::ptr_eq(t, topic))
+            {
+                return l.allowed;
+            }
+        }
+        let allowed = self.allowed(Action::Publish, topic);
+        let l = self.last_topic.get_or_insert_with(Box::default);
+        if !l.topic.as_ref().is_some_and(|t| Arc::ptr_eq(t, topic)) {
+            // A new topic: its route is computed again too.
+            l.topic = Some(topic.clone());
+        }
+        l.acl_generation = generation;
+        l.allowed = allowed;
+        allowed
     }
 
     /// Does the ACL allow this action on this topic (or filter)?
@@ -132,7 +162,12 @@ impl Conn {
         // the retained table at once too; its index entry waits until the record is durable).
         let fast = ack == Owed::Nothing && self.pending.is_empty();
         let retain = p.retain;
-        if self.pending.is_empty() {
+        let quiet = fast && !retain;
+        // The watermark cell guards what a replay after a crash must still route. A QoS 0
+        // message that is not retained leaves nothing a replay would redo (QoS 0 is never
+        // queued for a session that is away, and a restart has no connected sessions), so
+        // the fast path skips it (reading the next offset takes the log's append lock).
+        if self.pending.is_empty() && !quiet {
             self.low
                 .store(self.broker.persist.store.next_offset(), Ordering::SeqCst);
         }
@@ -146,11 +181,13 @@ impl Conn {
         );
         msg.username = self.username.clone();
         let pid = (p.qos == QoS::ExactlyOnce).then_some(p.packet_id);
-        let cb: lanemq_store::Callback = if fast && !retain {
-            Box::new(|_| {})
+        // Nobody waits for a QoS 0 message delivered at once: its fsync may be shared with
+        // the next record someone waits for (`lanemq_store::QUIET_SYNC_MAX`).
+        let cb: Option<lanemq_store::Callback> = if fast && !retain {
+            None
         } else {
             let c = self.completions.clone();
-            Box::new(move |r| {
+            Some(Box::new(move |r| {
                 match r {
                     Ok(_) => {
                         c.ok.fetch_add(1, Ordering::Release);
@@ -158,7 +195,7 @@ impl Conn {
                     Err(_) => c.failed.store(true, Ordering::Release),
                 }
                 c.waker.notify_one();
-            })
+            }))
         };
         match self.broker.admit(&mut msg, pid, cb) {
             Ok(Admitted::Stored(offset)) => msg.offset = offset,
@@ -198,7 +235,6 @@ impl Conn {
         let msg = Arc::new(msg);
         if fast && !retain {
             self.deliver(msg, None);
-            self.low.store(u64::MAX, Ordering::SeqCst);
         } else if fast {
             let mut after = Vec::new();
             self.deliver(msg, Some(&mut after));
@@ -227,7 +263,10 @@ impl Conn {
     pub(super) fn deliver(&mut self, msg: Arc<Message>, deferred: Option<&mut Vec<Op>>) -> u8 {
         // 0x10 only tells a publisher nobody got it; a retained message is kept for later.
         let kept = (msg.retain && !msg.payload.is_empty()) || msg.in_lane;
-        let ingested = self.broker.ingest_with(msg, deferred);
+        let ingested = match self.last_topic.as_deref_mut() {
+            Some(l) => self.broker.deliver_cached(msg, deferred, &mut l.route),
+            None => self.broker.ingest_with(msg, deferred),
+        };
         if ingested.matched || kept || !self.version.is_v5() {
             rc::SUCCESS
         } else {

@@ -40,7 +40,7 @@ mod proptests;
 mod tests;
 
 pub use read::{decode, peek_fixed_header};
-pub use write::{encode, encoded_len};
+pub use write::{encode, encoded_len, PublishOut};
 
 use crate::reason;
 use std::fmt;

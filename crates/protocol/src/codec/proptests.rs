@@ -492,6 +492,35 @@ proptest! {
     }
 
     #[test]
+    fn publish_out_writes_the_bytes_of_the_publish(p in publish(), base_alias in any::<Option<u16>>(), base_expiry in any::<Option<u32>>()) {
+        let Packet::Publish(p) = p else { unreachable!() };
+        // The stored message's own alias, expiry and ids are replaced, never sent.
+        let mut base = p.properties.clone();
+        base.topic_alias = base_alias;
+        base.message_expiry_interval = base_expiry;
+        base.subscription_identifiers = vec![7];
+        let out = PublishOut {
+            dup: p.dup,
+            qos: p.qos,
+            retain: p.retain,
+            topic: &p.topic,
+            packet_id: p.packet_id,
+            properties: &base,
+            message_expiry_interval: p.properties.message_expiry_interval,
+            topic_alias: p.properties.topic_alias,
+            subscription_identifiers: &p.properties.subscription_identifiers,
+            payload: &p.payload,
+        };
+        for v in [V5, V311] {
+            let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+            out.encode(v, &mut a);
+            encode(&Packet::Publish(p.clone()), v, &mut b);
+            prop_assert_eq!(out.encoded_len(v), a.len());
+            prop_assert_eq!(a, b);
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(data in vec(any::<u8>(), 0..400)) {
         for v in [V5, V311, V31] {
             decode_all(&data, v, 0);

@@ -440,3 +440,81 @@ pub fn encode(packet: &Packet, version: ProtocolVersion, out: &mut BytesMut) {
 pub fn encoded_len(packet: &Packet, version: ProtocolVersion) -> usize {
     remaining_len(packet, version).map_or(0, |rl| 1 + varint_len(rl) + rl)
 }
+
+/// An outbound PUBLISH assembled from borrowed parts: what a broker sends a subscriber is the
+/// stored message's topic, properties and payload with a few fields of the delivery in place
+/// of the stored ones. Encoding it copies nothing but the bytes onto the wire (no `Publish`
+/// with an owned topic and cloned properties per delivery).
+#[derive(Debug, Clone, Copy)]
+pub struct PublishOut<'a> {
+    pub dup: bool,
+    pub qos: QoS,
+    pub retain: bool,
+    /// Empty when the topic alias stands for it.
+    pub topic: &'a str,
+    /// Ignored for QoS 0.
+    pub packet_id: u16,
+    /// The message's own properties: payload format, response topic, correlation data, user
+    /// properties and content type are sent as they are; its message expiry, topic alias and
+    /// subscription identifiers are replaced by the three fields below.
+    pub properties: &'a PublishProperties,
+    pub message_expiry_interval: Option<u32>,
+    pub topic_alias: Option<u16>,
+    pub subscription_identifiers: &'a [u32],
+    pub payload: &'a [u8],
+}
+
+impl Props for PublishOut<'_> {
+    fn emit<S: Sink>(&self, s: &mut S) {
+        let p = self.properties;
+        // The same order as `PublishProperties`, so both encoders write the same bytes.
+        s.p_u8(PAYLOAD_FORMAT_INDICATOR, p.payload_format_indicator);
+        s.p_u32(MESSAGE_EXPIRY_INTERVAL, self.message_expiry_interval);
+        s.p_u16(TOPIC_ALIAS, self.topic_alias);
+        s.p_str(RESPONSE_TOPIC, &p.response_topic);
+        s.p_bin(CORRELATION_DATA, &p.correlation_data);
+        s.p_users(&p.user_properties);
+        for &id in self.subscription_identifiers {
+            s.u8(SUBSCRIPTION_IDENTIFIER);
+            s.varint(id as usize);
+        }
+        s.p_str(CONTENT_TYPE, &p.content_type);
+    }
+}
+
+impl PublishOut<'_> {
+    fn body<S: Sink>(&self, version: ProtocolVersion, s: &mut S) {
+        s.str(self.topic);
+        if self.qos != QoS::AtMostOnce {
+            s.u16(self.packet_id);
+        }
+        if version.is_v5() {
+            props(s, self);
+        }
+        s.put(self.payload);
+    }
+
+    fn remaining_len(&self, version: ProtocolVersion) -> usize {
+        let mut c = Counter(0);
+        self.body(version, &mut c);
+        c.0
+    }
+
+    /// The exact number of bytes [`PublishOut::encode`] appends.
+    pub fn encoded_len(&self, version: ProtocolVersion) -> usize {
+        let rl = self.remaining_len(version);
+        1 + varint_len(rl) + rl
+    }
+
+    /// Append the PUBLISH to `out`: the same bytes [`encode`] writes for the equivalent
+    /// [`Publish`] (MQTT 3.1.1 drops the properties).
+    pub fn encode(&self, version: ProtocolVersion, out: &mut BytesMut) {
+        let rl = self.remaining_len(version);
+        out.reserve(1 + varint_len(rl) + rl);
+        out.put_u8(
+            0x30 | (u8::from(self.dup) << 3) | (self.qos.as_u8() << 1) | u8::from(self.retain),
+        );
+        Sink::varint(out, rl);
+        self.body(version, out);
+    }
+}
