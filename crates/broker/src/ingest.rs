@@ -52,18 +52,37 @@ impl Broker {
         inbound_pid: Option<u16>,
         on_durable: Option<Callback>,
     ) -> Result<Admitted, StoreError> {
-        let lane = match self.lite.engine.classify(&msg.topic) {
-            Classified::Plain => None,
-            Classified::Lane { parent, key } => Some((parent, key)),
+        match self.classify(&msg.topic) {
+            Ok(lane) => self.admit_as(msg, lane, inbound_pid, on_durable),
+            Err(refused) => Ok(refused),
+        }
+    }
+
+    /// The lite layer's verdict on a topic: plain (`None`), the lane `(parent, key)`, or
+    /// refused (`Err`, counted).
+    pub fn classify(&self, topic: &str) -> Result<Option<(u32, String)>, Admitted> {
+        match self.lite.engine.classify(topic) {
+            Classified::Plain => Ok(None),
+            Classified::Lane { parent, key } => Ok(Some((parent, key))),
             Classified::Refused { code, why } => {
                 self.lite
                     .engine
                     .counters
                     .publish_refused
                     .fetch_add(1, Ordering::Relaxed);
-                return Ok(Admitted::Refused { code, why });
+                Err(Admitted::Refused { code, why })
             }
-        };
+        }
+    }
+
+    /// [`Broker::admit`] of a message already classified ([`Broker::classify`]).
+    pub fn admit_as(
+        &self,
+        msg: &mut Message,
+        lane: Option<(u32, String)>,
+        inbound_pid: Option<u16>,
+        on_durable: Option<Callback>,
+    ) -> Result<Admitted, StoreError> {
         msg.in_lane = lane.is_some();
         let rec = crate::persist::record_in(msg, inbound_pid);
         let offset = match lane {
@@ -71,6 +90,82 @@ impl Broker {
             None => self.append_plain(rec, on_durable)?,
         };
         Ok(Admitted::Stored(offset))
+    }
+
+    /// Append the records of plain messages nobody waits for (QoS 0, not retained, in no
+    /// lane: [`Broker::classify`] said so) under one lock of the log, and set their offsets.
+    /// They are delivered with [`Broker::deliver_quiet`].
+    pub fn admit_quiet(&self, msgs: &mut [Message]) -> Result<(), StoreError> {
+        if msgs.is_empty() {
+            return Ok(());
+        }
+        let recs: Vec<RecordIn> = msgs
+            .iter()
+            .map(|m| crate::persist::record_in(m, None))
+            .collect();
+        let store = &self.persist.store;
+        let offsets = match store.try_append_quiet_batch(&recs)? {
+            Some(r) => r,
+            None => tokio::task::block_in_place(|| store.append_quiet_batch(&recs))?,
+        };
+        for (m, o) in msgs.iter_mut().zip(offsets) {
+            m.offset = o;
+        }
+        Ok(())
+    }
+
+    /// Deliver messages admitted by [`Broker::admit_quiet`], routed through the publisher's
+    /// `cache`: one router lock for them all, and one session lock per session they go to
+    /// (deliveries to one session are pushed together, in order).
+    pub fn deliver_quiet(&self, msgs: Vec<Message>, cache: &mut RouteCache) {
+        /// Beyond this many sessions a batch pushes each delivery on its own (a linear
+        /// search per delivery would cost more than the locks it saves).
+        const BUCKETS_MAX: usize = 16;
+        let mut buckets: Vec<(Arc<crate::session::Session>, Vec<Delivery>)> = Vec::new();
+        let mut dropped = 0u64;
+        let router = self.router.read().unwrap_or_else(|e| e.into_inner());
+        for m in msgs {
+            let msg = Arc::new(m);
+            self.stats.received(&msg);
+            let targets = router.route_cached(&msg.topic, &msg.publisher, msg.qos, cache);
+            self.stats.routed(
+                &Ingested {
+                    matched: !targets.is_empty(),
+                },
+                false,
+            );
+            for t in targets {
+                let d = Delivery {
+                    msg: msg.clone(),
+                    qos: t.qos,
+                    retain: false,
+                    sub_ids: t.sub_ids.clone(),
+                    share: t.share.clone(),
+                    seq: 0,
+                    stream: None,
+                    lane: None,
+                };
+                if let Some(b) = buckets
+                    .iter_mut()
+                    .find(|(s, _)| Arc::ptr_eq(s, &t.session))
+                {
+                    b.1.push(d);
+                } else if buckets.len() < BUCKETS_MAX {
+                    buckets.push((t.session.clone(), vec![d]));
+                } else if t.session.push(d, Some(&self.persist)) == PushOutcome::Dropped {
+                    dropped += 1;
+                }
+            }
+        }
+        drop(router);
+        for (session, ds) in buckets {
+            dropped += session.push_many(ds, Some(&self.persist));
+        }
+        if dropped > 0 {
+            self.stats
+                .messages_dropped
+                .fetch_add(dropped, Ordering::Relaxed);
+        }
     }
 
     /// Append a record that belongs to no lane.

@@ -308,11 +308,34 @@ impl Session {
     /// not apply twice.
     pub fn push_tracked(
         &self,
-        mut d: Delivery,
+        d: Delivery,
         persist: Option<&Persist>,
         durable: &mut bool,
     ) -> PushOutcome {
         let mut st = self.lock();
+        self.push_locked(&mut st, d, persist, durable)
+    }
+
+    /// [`Session::push`] of several deliveries under one lock, in order; returns how many
+    /// were dropped.
+    pub fn push_many(&self, ds: Vec<Delivery>, persist: Option<&Persist>) -> u64 {
+        let mut st = self.lock();
+        let mut dropped = 0;
+        for d in ds {
+            if self.push_locked(&mut st, d, persist, &mut false) == PushOutcome::Dropped {
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
+    fn push_locked(
+        &self,
+        st: &mut SessionState,
+        mut d: Delivery,
+        persist: Option<&Persist>,
+        durable: &mut bool,
+    ) -> PushOutcome {
         if st.ended {
             return PushOutcome::Dropped;
         }

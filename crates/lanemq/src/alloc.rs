@@ -6,7 +6,11 @@
 //! much of the burst's peak as its RSS (58 B per queued message after a 1 M-message burst,
 //! against 21 B with the delay at 10 ms; docs/benchmarks.md, "Offline persistent sessions").
 //! So, unless `MIMALLOC_PURGE_DELAY` is set in the environment:
-//! - the purge delay is [`PURGE_DELAY_MS`] (mimalloc 2's default);
+//! - the purge delay is [`PURGE_DELAY_MS`]: long enough that a sustained load reuses the
+//!   pages it frees instead of returning and faulting them in again (10 ms, mimalloc 2's
+//!   default, cost the 10 -> 1 QoS 0 fan-in a quarter of its throughput: page faults and
+//!   `madvise` were ~8 % of the broker's CPU), short enough that RSS after a burst is the
+//!   same as with 10 ms (20 B per queued message, measured 2 s after the burst);
 //! - every runtime worker, when it parks with nothing to do, collects its own thread heap at
 //!   most once per [`COLLECT_EVERY`];
 //! - a small thread collects every [`COLLECT_EVERY`], which also purges the arenas (program
@@ -51,7 +55,7 @@ pub fn collect_if_due() {
 }
 
 /// Purge delay the broker runs with, in milliseconds.
-pub const PURGE_DELAY_MS: i64 = 10;
+pub const PURGE_DELAY_MS: i64 = 250;
 
 /// `mi_option_purge_delay` in mimalloc 3's `mi_option_e` (include/mimalloc.h); the Rust
 /// bindings do not name it. `tests::purge_delay_option_is_the_one_we_think` pins it.

@@ -504,7 +504,12 @@ struct LastTopic {
     acl_generation: u64,
     allowed: bool,
     route: crate::router::RouteCache,
+    /// QoS 0 messages of the current read nobody waits for, not appended yet.
+    quiet: Vec<Message>,
 }
+
+/// At most this many QoS 0 messages are batched ([`Conn::flush_quiet`]).
+const QUIET_BATCH_MAX: usize = 256;
 
 /// The topic alias of an outbound PUBLISH (see [`Conn::alias_plan`]).
 #[derive(Debug, Clone, Copy)]
@@ -1023,7 +1028,15 @@ impl Conn {
         }
     }
 
+    /// Decode and handle every complete packet in `rbuf`; the QoS 0 messages batched on the
+    /// way are appended and delivered before it returns, whatever the outcome.
     fn process_input(&mut self, rbuf: &mut BytesMut, max_packet: u32) -> Result<(), Close> {
+        let r = self.process_packets(rbuf, max_packet);
+        self.flush_quiet()?;
+        r
+    }
+
+    fn process_packets(&mut self, rbuf: &mut BytesMut, max_packet: u32) -> Result<(), Close> {
         loop {
             if self
                 .rate
@@ -1034,7 +1047,14 @@ impl Conn {
                 return Ok(());
             }
             match decode(rbuf, self.version, max_packet) {
-                Ok(Some(p)) => self.handle(p)?,
+                Ok(Some(p)) => {
+                    if !matches!(&p, Packet::Publish(x) if x.qos == QoS::AtMostOnce) {
+                        // What was published before a SUBSCRIBE, an UNSUBSCRIBE or any other
+                        // packet is delivered before it is handled.
+                        self.flush_quiet()?;
+                    }
+                    self.handle(p)?
+                }
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     debug!(error = %e, "invalid packet");

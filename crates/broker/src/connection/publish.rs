@@ -163,6 +163,29 @@ impl Conn {
         let fast = ack == Owed::Nothing && self.pending.is_empty();
         let retain = p.retain;
         let quiet = fast && !retain;
+        let classified = self.broker.classify(&topic);
+        if quiet && matches!(classified, Ok(None)) {
+            // Nobody waits for it and it is in no lane: it joins the batch of this read,
+            // appended under one log lock and delivered with one lock per session
+            // ([`Conn::flush_quiet`], at the end of the read or before any other PUBLISH).
+            let mut msg = Message::new(
+                topic,
+                p.payload,
+                p.qos,
+                false,
+                p.properties,
+                self.client_id.clone(),
+            );
+            msg.username = self.username.clone();
+            let batch = &mut self.last_topic.get_or_insert_with(Box::default).quiet;
+            batch.push(msg);
+            if batch.len() >= QUIET_BATCH_MAX {
+                self.flush_quiet()?;
+            }
+            return Ok(());
+        }
+        // The log keeps this client's order: what is batched goes first.
+        self.flush_quiet()?;
         // The watermark cell guards what a replay after a crash must still route. A QoS 0
         // message that is not retained leaves nothing a replay would redo (QoS 0 is never
         // queued for a session that is away, and a restart has no connected sessions), so
@@ -197,7 +220,11 @@ impl Conn {
                 c.waker.notify_one();
             }))
         };
-        match self.broker.admit(&mut msg, pid, cb) {
+        let admitted = match classified {
+            Ok(lane) => self.broker.admit_as(&mut msg, lane, pid, cb),
+            Err(refused) => Ok(refused),
+        };
+        match admitted {
             Ok(Admitted::Stored(offset)) => msg.offset = offset,
             Ok(Admitted::Refused { code, why }) => {
                 // Key too long (0x90) or the parent's lane quota (0x97): not accepted.
@@ -256,6 +283,23 @@ impl Conn {
                 offset,
             });
         }
+        Ok(())
+    }
+
+    /// Append and deliver the batched QoS 0 messages of this read (see [`Conn::accept`]).
+    pub(super) fn flush_quiet(&mut self) -> Result<(), Close> {
+        let Some(l) = self.last_topic.as_deref_mut() else {
+            return Ok(());
+        };
+        if l.quiet.is_empty() {
+            return Ok(());
+        }
+        let mut msgs = std::mem::take(&mut l.quiet);
+        if let Err(e) = self.broker.admit_quiet(&mut msgs) {
+            warn!(error = %e, "cannot store a message: closing the connection");
+            return Err(Close::error(rc::UNSPECIFIED_ERROR));
+        }
+        self.broker.deliver_quiet(msgs, &mut l.route);
         Ok(())
     }
 
