@@ -534,3 +534,60 @@ async fn mqtt5_4_3_3_repeated_pubrec_and_unknown_ids_are_not_errors() {
     srv.assert_alive().await;
     sub.expect_nothing(QUIET_MS).await;
 }
+
+/// QoS 0 PUBLISHes that arrive in one read are appended and delivered together; what was
+/// published before a SUBSCRIBE in the same read is still delivered before the subscription
+/// exists (never to it), and a QoS 1 PUBLISH between QoS 0 ones keeps its place.
+#[tokio::test]
+async fn qos0_publishes_of_one_read_keep_their_place_around_other_packets() {
+    let srv = TestServer::default().await;
+    let mut watcher = srv.v5("watcher").await;
+    watcher.subscribe("batch/#", QoS::AtLeastOnce).await;
+    let mut c = srv.v5("self").await;
+    let v = lanemq_protocol::ProtocolVersion::V5;
+    let mut wire = Vec::new();
+    wire.extend(bytes_of(
+        &Packet::Publish(publish("batch/t", QoS::AtMostOnce, 0, b"before")),
+        v,
+    ));
+    wire.extend(bytes_of(
+        &Packet::Subscribe(lanemq_protocol::Subscribe {
+            packet_id: 7,
+            filters: vec![lanemq_protocol::SubscribeFilter {
+                filter: "batch/t".into(),
+                options: sub_opts(QoS::AtMostOnce),
+            }],
+            properties: Default::default(),
+        }),
+        v,
+    ));
+    for (qos, pid, payload) in [
+        (QoS::AtMostOnce, 0, &b"after"[..]),
+        (QoS::AtLeastOnce, 1, b"middle"),
+        (QoS::AtMostOnce, 0, b"last"),
+    ] {
+        wire.extend(bytes_of(
+            &Packet::Publish(publish("batch/t", qos, pid, payload)),
+            v,
+        ));
+    }
+    c.send_raw(&wire).await;
+    // The publisher: SUBACK, its PUBACK, and only what was published after its SUBSCRIBE.
+    let mut got = Vec::new();
+    let mut acks = 0;
+    while got.len() < 3 || acks < 2 {
+        match c.recv().await {
+            Packet::SubAck(_) | Packet::PubAck(_) => acks += 1,
+            Packet::Publish(p) => got.push(p.payload),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(got, vec![&b"after"[..], b"middle", b"last"]);
+    c.expect_nothing(QUIET_MS).await;
+    // Another subscriber: all three, in the order published.
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(watcher.recv_publish_ack().await.payload);
+    }
+    assert_eq!(seen, vec![&b"before"[..], b"after", b"middle", b"last"]);
+}

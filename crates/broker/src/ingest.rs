@@ -116,8 +116,9 @@ impl Broker {
 
     /// Deliver messages admitted by [`Broker::admit_quiet`], routed through the publisher's
     /// `cache`: one router lock for them all, and one session lock per session they go to
-    /// (deliveries to one session are pushed together, in order).
-    pub fn deliver_quiet(&self, msgs: Vec<Message>, cache: &mut RouteCache) {
+    /// (deliveries to one session are pushed together, in order). Returns how many
+    /// deliveries were dropped (a subscriber's QoS 0 budget was full).
+    pub fn deliver_quiet(&self, msgs: Vec<Message>, cache: &mut RouteCache) -> u64 {
         /// Beyond this many sessions a batch pushes each delivery on its own (a linear
         /// search per delivery would cost more than the locks it saves).
         const BUCKETS_MAX: usize = 16;
@@ -145,10 +146,7 @@ impl Broker {
                     stream: None,
                     lane: None,
                 };
-                if let Some(b) = buckets
-                    .iter_mut()
-                    .find(|(s, _)| Arc::ptr_eq(s, &t.session))
-                {
+                if let Some(b) = buckets.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &t.session)) {
                     b.1.push(d);
                 } else if buckets.len() < BUCKETS_MAX {
                     buckets.push((t.session.clone(), vec![d]));
@@ -166,6 +164,7 @@ impl Broker {
                 .messages_dropped
                 .fetch_add(dropped, Ordering::Relaxed);
         }
+        dropped
     }
 
     /// Append a record that belongs to no lane.

@@ -352,6 +352,7 @@ impl Conn {
                 .as_ref()
                 .map(|v| Box::new(crate::enhanced_auth::Live::new(v))),
             last_topic: None,
+            yield_before_read: false,
         };
         if resumed {
             broker

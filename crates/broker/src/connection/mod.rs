@@ -489,6 +489,11 @@ struct Conn {
     feeders: LazyMap<String, tokio::task::JoinHandle<()>>,
     /// Enhanced authentication: the method and user, and a re-authentication in progress.
     enhanced: Option<Box<crate::enhanced_auth::Live>>,
+    /// A subscriber dropped QoS 0 messages of this client's last read (its queue was full):
+    /// the task yields once before reading again, so that the subscriber's connection gets
+    /// the CPU before more of what it cannot take is read. Never a wait: a stuck subscriber
+    /// costs this client one trip through the scheduler per read.
+    yield_before_read: bool,
     /// The last topic this client published on, its ACL answer and its route; taken with
     /// the first PUBLISH (a connection that only subscribes never holds one).
     last_topic: Option<Box<LastTopic>>,
@@ -984,6 +989,11 @@ impl Conn {
                     if self.barriers.is_empty() {
                         self.barriers.clear();
                     }
+                }
+                if self.yield_before_read {
+                    self.yield_before_read = false;
+                    tokio::task::yield_now().await;
+                    continue;
                 }
                 let paused = self.rate.as_mut().and_then(|r| r.paused_until());
                 tokio::select! {

@@ -299,7 +299,10 @@ impl Conn {
             warn!(error = %e, "cannot store a message: closing the connection");
             return Err(Close::error(rc::UNSPECIFIED_ERROR));
         }
-        self.broker.deliver_quiet(msgs, &mut l.route);
+        if self.broker.deliver_quiet(msgs, &mut l.route) > 0 {
+            // A subscriber is behind: let it run before this client's next read.
+            self.yield_before_read = true;
+        }
         Ok(())
     }
 
