@@ -213,6 +213,8 @@ pub struct LogFigures {
     /// Write batches (group commits).
     pub batches: u64,
     pub fsyncs: u64,
+    /// Appends that waited for a full submission queue.
+    pub append_waits: u64,
     pub segments: u64,
     pub segment_bytes: u64,
     pub first_offset: u64,

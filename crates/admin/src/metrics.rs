@@ -386,6 +386,13 @@ impl Collector for Scrape {
             None,
             l.fsyncs,
         )?;
+        counter(
+            e,
+            "lanemq_log_append_waits",
+            "Appends that found the log's submission queue full and waited for the storage thread.",
+            None,
+            l.append_waits,
+        )?;
         histogram(
             e,
             "lanemq_log_fsync_duration",

@@ -486,6 +486,7 @@ impl AdminBackend for BrokerAdmin {
             appended_bytes: n(&ls.appended_bytes),
             batches: n(&ls.batches),
             fsyncs: n(&ls.fsyncs),
+            append_waits: n(&ls.append_waits),
             segments: store.segment_count() as u64,
             segment_bytes: store.size_bytes(),
             first_offset: store.first_offset(),

@@ -67,6 +67,18 @@ impl Stats {
         }
     }
 
+    /// Counts `n` received QoS 0 PUBLISHes carrying `payload_bytes` in all.
+    pub fn received_qos0(&self, n: u64, payload_bytes: u64) {
+        self.messages_received.fetch_add(n, Ordering::Relaxed);
+        if let (Some(c), Some(b)) = (
+            self.received_qos.first(),
+            self.received_payload_bytes_qos.first(),
+        ) {
+            c.fetch_add(n, Ordering::Relaxed);
+            b.fetch_add(payload_bytes, Ordering::Relaxed);
+        }
+    }
+
     /// Counts a received PUBLISH that matched no subscription (a lane message is kept for
     /// its groups: not counted).
     pub fn routed(&self, ingested: &Ingested, in_lane: bool) {

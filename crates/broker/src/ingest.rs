@@ -124,17 +124,16 @@ impl Broker {
         const BUCKETS_MAX: usize = 16;
         let mut buckets: Vec<(Arc<crate::session::Session>, Vec<Delivery>)> = Vec::new();
         let mut dropped = 0u64;
+        let (mut payload_bytes, mut unmatched) = (0u64, 0u64);
+        let n = msgs.len() as u64;
         let router = self.router.read().unwrap_or_else(|e| e.into_inner());
         for m in msgs {
             let msg = Arc::new(m);
-            self.stats.received(&msg);
+            payload_bytes += msg.payload.len() as u64;
             let targets = router.route_cached(&msg.topic, &msg.publisher, msg.qos, cache);
-            self.stats.routed(
-                &Ingested {
-                    matched: !targets.is_empty(),
-                },
-                false,
-            );
+            if targets.is_empty() {
+                unmatched += 1;
+            }
             for t in targets {
                 let d = Delivery {
                     msg: msg.clone(),
@@ -156,6 +155,13 @@ impl Broker {
             }
         }
         drop(router);
+        // The counters once per batch (they are shared by every connection's thread).
+        self.stats.received_qos0(n, payload_bytes);
+        if unmatched > 0 {
+            self.stats
+                .no_subscribers
+                .fetch_add(unmatched, Ordering::Relaxed);
+        }
         for (session, ds) in buckets {
             dropped += session.push_many(ds, Some(&self.persist));
         }

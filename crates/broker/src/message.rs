@@ -38,6 +38,20 @@ impl Message {
         payload: Bytes,
         qos: QoS,
         retain: bool,
+        properties: PublishProperties,
+        publisher: Arc<str>,
+    ) -> Message {
+        Message::received_at(now_us(), topic, payload, qos, retain, properties, publisher)
+    }
+
+    /// [`Message::new`] received at `timestamp_us` (the messages of one read share one
+    /// clock reading).
+    pub fn received_at(
+        timestamp_us: u64,
+        topic: Arc<str>,
+        payload: Bytes,
+        qos: QoS,
+        retain: bool,
         mut properties: PublishProperties,
         publisher: Arc<str>,
     ) -> Message {
@@ -54,7 +68,7 @@ impl Message {
             properties,
             expires_at,
             publisher,
-            timestamp_us: now_us(),
+            timestamp_us,
             offset: NOT_STORED,
             username: None,
             in_lane: false,

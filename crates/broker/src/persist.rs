@@ -992,8 +992,8 @@ pub fn record_in(msg: &crate::message::Message, pid: Option<u16>) -> RecordIn {
         timestamp_us: Some(msg.timestamp_us),
         qos: msg.qos.as_u8(),
         retain: msg.retain,
-        topic: msg.topic.to_string(),
-        client_id: msg.publisher.to_string(),
+        topic: msg.topic.clone(),
+        client_id: msg.publisher.clone(),
         properties: Properties {
             username: msg.username.as_deref().map(str::to_string),
             ..crate::message::to_store_properties(&msg.properties)
@@ -1018,8 +1018,8 @@ pub fn carried_message(r: &RecordIn, offset: u64) -> crate::message::Message {
         timestamp_us: r.timestamp_us.unwrap_or(0),
         qos: r.qos,
         retain: r.retain,
-        topic: r.topic.clone(),
-        client_id: r.client_id.clone(),
+        topic: r.topic.to_string(),
+        client_id: r.client_id.to_string(),
         properties: r.properties.clone(),
         index_hints: Vec::new(),
         payload: r.payload.clone(),
@@ -1146,8 +1146,8 @@ fn decode_record_in(v: &[u8]) -> Option<RecordIn> {
         timestamp_us: Some(ts),
         qos,
         retain,
-        topic,
-        client_id,
+        topic: topic.into(),
+        client_id: client_id.into(),
         properties: Properties {
             payload_format_indicator: pfi,
             message_expiry_interval: mei,

@@ -318,12 +318,12 @@ impl Broker {
 
 fn will_message(r: &RecordIn) -> Message {
     let mut m = Message::new(
-        r.topic.as_str().into(),
+        r.topic.clone(),
         r.payload.clone(),
         QoS::from_u8(r.qos).unwrap_or(QoS::AtMostOnce),
         r.retain,
         crate::message::from_store_properties(&r.properties),
-        r.client_id.as_str().into(),
+        r.client_id.clone(),
     );
     m.offset = NOT_STORED;
     m

@@ -1720,7 +1720,7 @@ mod tests {
         fn publish(&self, e: &Engine, key: &str) -> u64 {
             let rec = RecordIn {
                 qos: 1,
-                topic: format!("agents/{key}/x"),
+                topic: format!("agents/{key}/x").into(),
                 client_id: "c".into(),
                 ..RecordIn::default()
             };

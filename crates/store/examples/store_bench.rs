@@ -27,7 +27,7 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
 fn record(payload: usize, i: u64) -> RecordIn {
     RecordIn {
         qos: 1,
-        topic: format!("bench/{}", i % 16),
+        topic: format!("bench/{}", i % 16).into(),
         client_id: "bench".into(),
         payload: Bytes::from(vec![i as u8; payload]),
         ..RecordIn::default()

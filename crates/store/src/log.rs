@@ -520,6 +520,7 @@ impl Store {
             if recs < lim.queue_records_max && (recs == 0 || q.bytes + est <= lim.queue_bytes_max) {
                 break;
             }
+            sh.stats.append_waits.fetch_add(1, Ordering::Relaxed);
             if !block {
                 return Err(TryAppendError::Full(Box::new(rec), cb));
             }
@@ -636,6 +637,7 @@ impl Store {
             {
                 break;
             }
+            sh.stats.append_waits.fetch_add(1, Ordering::Relaxed);
             if !block {
                 return Ok(None);
             }
@@ -648,9 +650,13 @@ impl Store {
         let mut items = Vec::with_capacity(n);
         let mut last_ts = q.last_ts;
         let mut bytes_total = 0;
+        // One clock read for the records of the batch that have no timestamp of their own.
+        let mut now = None;
         for (i, (ts_in, p)) in parts.into_iter().enumerate() {
             let offset = first + i as u64;
-            let ts = ts_in.unwrap_or_else(now_us).max(last_ts);
+            let ts = ts_in
+                .unwrap_or_else(|| *now.get_or_insert_with(now_us))
+                .max(last_ts);
             // Nothing is queued unless every record of the batch is.
             let bytes = p.finish(offset, ts).map_err(StoreError::InvalidRecord)?;
             last_ts = ts;

@@ -21,6 +21,7 @@
 //!   lite-topic layer assigns a lane's offset there) without re-encoding the payload.
 
 use bytes::Bytes;
+use std::sync::Arc;
 
 /// First byte of every record: high nibble `0xA` says "lanemq record", low nibble the
 /// record format version (1).
@@ -107,10 +108,11 @@ pub struct RecordIn {
     pub qos: u8,
     /// RETAIN flag.
     pub retain: bool,
-    /// Topic name (after topic-alias resolution).
-    pub topic: String,
+    /// Topic name (after topic-alias resolution). Shared, so that a broker hands over the
+    /// topic and client id it holds without copying them for every record.
+    pub topic: Arc<str>,
     /// Publisher's client identifier.
-    pub client_id: String,
+    pub client_id: Arc<str>,
     /// MQTT 5 message properties.
     pub properties: Properties,
     /// Index hints known before the append (more can be added under the append lock with
@@ -176,8 +178,8 @@ impl Record {
             timestamp_us: Some(self.timestamp_us),
             qos: self.qos,
             retain: self.retain,
-            topic: self.topic.clone(),
-            client_id: self.client_id.clone(),
+            topic: self.topic.as_str().into(),
+            client_id: self.client_id.as_str().into(),
             properties: self.properties.clone(),
             index_hints: self.index_hints.clone(),
             payload: self.payload.clone(),
@@ -642,7 +644,7 @@ mod tests {
             hints in proptest::collection::vec((any::<u8>(), any::<u64>(), any::<u64>()), 0..4),
         ) {
             let r = RecordIn {
-                timestamp_us: None, qos, retain, topic, client_id: client,
+                timestamp_us: None, qos, retain, topic: topic.into(), client_id: client.into(),
                 properties: Properties { message_expiry_interval: expiry, content_type: ct,
                     user_properties: ups, ..Properties::default() },
                 index_hints: hints.into_iter().map(|(kind, id, seq)| IndexHint { kind, id, seq }).collect(),

@@ -93,6 +93,9 @@ pub struct LogStats {
     /// Write batches: each is one `write` (or a few at a segment roll) and at most one fsync.
     pub batches: AtomicU64,
     pub fsyncs: AtomicU64,
+    /// Appends that found the submission queue full and waited for the storage thread
+    /// (or, non-blocking, were handed back to wait elsewhere): the log was the bottleneck.
+    pub append_waits: AtomicU64,
     pub segments_rolled: AtomicU64,
     pub fsync_seconds: Histogram,
     pub batch_records: Histogram,
@@ -105,6 +108,7 @@ impl Default for LogStats {
             appended_bytes: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
+            append_waits: AtomicU64::new(0),
             segments_rolled: AtomicU64::new(0),
             fsync_seconds: Histogram::new(&FSYNC_BUCKETS_S),
             batch_records: Histogram::new(&BATCH_BUCKETS),

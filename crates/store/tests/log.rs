@@ -154,7 +154,7 @@ fn concurrent_appenders_get_dense_unique_offsets() {
                 let mut offs = Vec::new();
                 for i in 0..per {
                     let mut r = rec(i);
-                    r.client_id = format!("thread-{t}");
+                    r.client_id = format!("thread-{t}").into();
                     r.timestamp_us = None;
                     let a = acked.clone();
                     offs.push(
@@ -257,6 +257,7 @@ fn try_append_reports_full_and_append_blocks_until_space() {
         other => panic!("expected Full, got {other:?}"),
     };
     assert_eq!(*back, rec(5));
+    assert_eq!(s.stats().append_waits.load(Ordering::Relaxed), 1);
     // A blocking append waits until the storage thread takes the queue.
     let s2 = s.clone();
     let h = std::thread::spawn(move || s2.append(rec(5), ignore()));
@@ -265,6 +266,7 @@ fn try_append_reports_full_and_append_blocks_until_space() {
         !h.is_finished(),
         "append must block while the queue is full"
     );
+    assert_eq!(s.stats().append_waits.load(Ordering::Relaxed), 2);
     fs.hold_syncs(false);
     assert_eq!(h.join().expect("join").expect("append"), 5);
     s.sync().expect("sync");

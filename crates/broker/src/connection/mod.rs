@@ -511,6 +511,8 @@ struct LastTopic {
     route: crate::router::RouteCache,
     /// QoS 0 messages of the current read nobody waits for, not appended yet.
     quiet: Vec<Message>,
+    /// When the first of them was received (µs since the epoch): their timestamp.
+    quiet_at: u64,
 }
 
 /// At most this many QoS 0 messages are batched ([`Conn::flush_quiet`]).

@@ -168,7 +168,12 @@ impl Conn {
             // Nobody waits for it and it is in no lane: it joins the batch of this read,
             // appended under one log lock and delivered with one lock per session
             // ([`Conn::flush_quiet`], at the end of the read or before any other PUBLISH).
-            let mut msg = Message::new(
+            let l = self.last_topic.get_or_insert_with(Box::default);
+            if l.quiet.is_empty() {
+                l.quiet_at = lanemq_store::now_us();
+            }
+            let mut msg = Message::received_at(
+                l.quiet_at,
                 topic,
                 p.payload,
                 p.qos,
@@ -177,9 +182,8 @@ impl Conn {
                 self.client_id.clone(),
             );
             msg.username = self.username.clone();
-            let batch = &mut self.last_topic.get_or_insert_with(Box::default).quiet;
-            batch.push(msg);
-            if batch.len() >= QUIET_BATCH_MAX {
+            l.quiet.push(msg);
+            if l.quiet.len() >= QUIET_BATCH_MAX {
                 self.flush_quiet()?;
             }
             return Ok(());

@@ -32,8 +32,8 @@ pub fn rec(i: u64) -> RecordIn {
         timestamp_us: Some(1_000_000 + i * 10),
         qos: (i % 3) as u8,
         retain: i % 5 == 0,
-        topic: format!("t/{}/x", i % 7),
-        client_id: format!("c{}", i % 3),
+        topic: format!("t/{}/x", i % 7).into(),
+        client_id: format!("c{}", i % 3).into(),
         properties: Properties {
             payload_format_indicator: (i % 2 == 0).then_some(1),
             message_expiry_interval: (i % 4 == 0).then_some(60),
