@@ -207,18 +207,35 @@ impl Props for ConnAckProperties {
 
 impl Props for PublishProperties {
     fn emit<S: Sink>(&self, s: &mut S) {
-        s.p_u8(PAYLOAD_FORMAT_INDICATOR, self.payload_format_indicator);
-        s.p_u32(MESSAGE_EXPIRY_INTERVAL, self.message_expiry_interval);
-        s.p_u16(TOPIC_ALIAS, self.topic_alias);
-        s.p_str(RESPONSE_TOPIC, &self.response_topic);
-        s.p_bin(CORRELATION_DATA, &self.correlation_data);
-        s.p_users(&self.user_properties);
-        for &id in &self.subscription_identifiers {
-            s.u8(SUBSCRIPTION_IDENTIFIER);
-            s.varint(id as usize);
-        }
-        s.p_str(CONTENT_TYPE, &self.content_type);
+        publish_props(
+            s,
+            self,
+            self.message_expiry_interval,
+            self.topic_alias,
+            &self.subscription_identifiers,
+        );
     }
+}
+
+/// The properties of a PUBLISH: `p`'s own, with the three that differ per delivery given.
+fn publish_props<S: Sink>(
+    s: &mut S,
+    p: &PublishProperties,
+    message_expiry_interval: Option<u32>,
+    topic_alias: Option<u16>,
+    subscription_identifiers: &[u32],
+) {
+    s.p_u8(PAYLOAD_FORMAT_INDICATOR, p.payload_format_indicator);
+    s.p_u32(MESSAGE_EXPIRY_INTERVAL, message_expiry_interval);
+    s.p_u16(TOPIC_ALIAS, topic_alias);
+    s.p_str(RESPONSE_TOPIC, &p.response_topic);
+    s.p_bin(CORRELATION_DATA, &p.correlation_data);
+    s.p_users(&p.user_properties);
+    for &id in subscription_identifiers {
+        s.u8(SUBSCRIPTION_IDENTIFIER);
+        s.varint(id as usize);
+    }
+    s.p_str(CONTENT_TYPE, &p.content_type);
 }
 
 impl Props for AckProperties {
@@ -466,19 +483,13 @@ pub struct PublishOut<'a> {
 
 impl Props for PublishOut<'_> {
     fn emit<S: Sink>(&self, s: &mut S) {
-        let p = self.properties;
-        // The same order as `PublishProperties`, so both encoders write the same bytes.
-        s.p_u8(PAYLOAD_FORMAT_INDICATOR, p.payload_format_indicator);
-        s.p_u32(MESSAGE_EXPIRY_INTERVAL, self.message_expiry_interval);
-        s.p_u16(TOPIC_ALIAS, self.topic_alias);
-        s.p_str(RESPONSE_TOPIC, &p.response_topic);
-        s.p_bin(CORRELATION_DATA, &p.correlation_data);
-        s.p_users(&p.user_properties);
-        for &id in self.subscription_identifiers {
-            s.u8(SUBSCRIPTION_IDENTIFIER);
-            s.varint(id as usize);
-        }
-        s.p_str(CONTENT_TYPE, &p.content_type);
+        publish_props(
+            s,
+            self.properties,
+            self.message_expiry_interval,
+            self.topic_alias,
+            self.subscription_identifiers,
+        );
     }
 }
 
