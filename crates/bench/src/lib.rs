@@ -324,6 +324,10 @@ pub struct BenchReport {
     pub msgs_per_sec_out: f64,
     pub latency: Option<Latency>,
     pub broker_rss_max_kb: Option<u64>,
+    /// With `--broker-pid`: the broker's CPU time (user + system) from the end of warm-up to
+    /// the end of the publishing, divided by the messages published and received in that
+    /// time, in µs. What one message in plus its deliveries out cost the broker.
+    pub broker_cpu_us_per_msg: Option<f64>,
     pub idle: Option<IdleReport>,
     pub replay: Option<ReplayReport>,
     pub offline: Option<OfflineReport>,
@@ -354,6 +358,7 @@ impl BenchReport {
             msgs_per_sec_out: 0.0,
             latency: None,
             broker_rss_max_kb: None,
+            broker_cpu_us_per_msg: None,
             idle: None,
             replay: None,
             offline: None,
@@ -503,6 +508,9 @@ impl fmt::Display for BenchReport {
             }
             if let Some(kb) = self.broker_rss_max_kb {
                 writeln!(f, "broker max RSS: {kb} KiB")?;
+            }
+            if let Some(us) = self.broker_cpu_us_per_msg {
+                writeln!(f, "broker CPU: {us:.2} µs per message in + out")?;
             }
         }
         if self.timed_out {
@@ -677,6 +685,16 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
     });
     let (stop_pub_tx, stop_pub_rx) = watch::channel(false);
     let (stop_sub_tx, stop_sub_rx) = watch::channel(false);
+    // The broker's CPU time at the end of warm-up, and the messages counted by then.
+    let cpu_start = opts.broker_pid.map(|pid| {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measure_start.into()).await;
+            let counted =
+                shared.sent.load(Ordering::Relaxed) + shared.received.load(Ordering::Relaxed);
+            rss::cpu_seconds(pid).map(|s| (s, counted, Instant::now()))
+        })
+    });
 
     let mut sub_tasks = JoinSet::new();
     for (i, c) in subs.into_iter().enumerate() {
@@ -719,6 +737,16 @@ async fn run_load(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         &mut pub_results,
     )
     .await?;
+    if let (Some(h), Some(pid)) = (cpu_start, opts.broker_pid) {
+        let counted = shared.sent.load(Ordering::Relaxed) + shared.received.load(Ordering::Relaxed);
+        if let (Ok(Some((s0, n0, t0))), Some(s1)) = (h.await, rss::cpu_seconds(pid)) {
+            let n = counted.saturating_sub(n0);
+            // A window shorter than a second is too coarse for 10 ms ticks.
+            if n > 0 && t0.elapsed() >= Duration::from_secs(1) {
+                report.broker_cpu_us_per_msg = Some((s1 - s0) * 1e6 / n as f64);
+            }
+        }
+    }
 
     // Drain: wait until everything expected has arrived, or no progress
     // for --drain seconds, or the hard deadline.
