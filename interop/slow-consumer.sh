@@ -40,7 +40,9 @@ resume_all() {
   local p
   for p in "${STOPPED[@]}"; do kill -CONT "$p" 2>/dev/null || true; done
 }
-trap 'resume_all' EXIT
+# lib.sh's cleanup (the broker, background clients, the temp dir) runs after the resume: a
+# trap of our own replaces lib.sh's, which left the broker running after every run.
+trap 'rc=$?; resume_all; (exit $rc); cleanup' EXIT
 
 # sub_bg NAME ARGS...: mosquitto_sub in the background, output to $WORK/NAME.out; sets SUB_PID
 # once its SUBACK arrived.
