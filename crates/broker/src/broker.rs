@@ -56,23 +56,16 @@ impl crate::lite::Ingest for Broker {
 impl Stats {
     /// Counts one client PUBLISH received (before it is delivered).
     pub fn received(&self, msg: &Message) {
-        self.messages_received.fetch_add(1, Ordering::Relaxed);
-        let q = msg.qos.as_u8() as usize;
-        if let (Some(n), Some(b)) = (
-            self.received_qos.get(q),
-            self.received_payload_bytes_qos.get(q),
-        ) {
-            n.fetch_add(1, Ordering::Relaxed);
-            b.fetch_add(msg.payload.len() as u64, Ordering::Relaxed);
-        }
+        self.received_many(msg.qos, 1, msg.payload.len() as u64);
     }
 
-    /// Counts `n` received QoS 0 PUBLISHes carrying `payload_bytes` in all.
-    pub fn received_qos0(&self, n: u64, payload_bytes: u64) {
+    /// Counts `n` received PUBLISHes at `qos` carrying `payload_bytes` in all.
+    pub fn received_many(&self, qos: QoS, n: u64, payload_bytes: u64) {
         self.messages_received.fetch_add(n, Ordering::Relaxed);
+        let q = qos.as_u8() as usize;
         if let (Some(c), Some(b)) = (
-            self.received_qos.first(),
-            self.received_payload_bytes_qos.first(),
+            self.received_qos.get(q),
+            self.received_payload_bytes_qos.get(q),
         ) {
             c.fetch_add(n, Ordering::Relaxed);
             b.fetch_add(payload_bytes, Ordering::Relaxed);

@@ -135,16 +135,7 @@ impl Broker {
                 unmatched += 1;
             }
             for t in targets {
-                let d = Delivery {
-                    msg: msg.clone(),
-                    qos: t.qos,
-                    retain: false,
-                    sub_ids: t.sub_ids.clone(),
-                    share: t.share.clone(),
-                    seq: 0,
-                    stream: None,
-                    lane: None,
-                };
+                let d = t.delivery(&msg, false);
                 if let Some(b) = buckets.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &t.session)) {
                     b.1.push(d);
                 } else if buckets.len() < BUCKETS_MAX {
@@ -156,7 +147,7 @@ impl Broker {
         }
         drop(router);
         // The counters once per batch (they are shared by every connection's thread).
-        self.stats.received_qos0(n, payload_bytes);
+        self.stats.received_many(QoS::AtMostOnce, n, payload_bytes);
         if unmatched > 0 {
             self.stats
                 .no_subscribers
@@ -223,9 +214,19 @@ impl Broker {
 
     /// [`Broker::ingest`]; with `deferred`, as [`Broker::deliver_with`].
     pub fn ingest_with(&self, msg: Arc<Message>, deferred: Option<&mut Vec<Op>>) -> Ingested {
+        self.ingest_routed(msg, deferred, None)
+    }
+
+    /// Count the message received, deliver it (through `cache` if given), count it routed.
+    fn ingest_routed(
+        &self,
+        msg: Arc<Message>,
+        deferred: Option<&mut Vec<Op>>,
+        cache: Option<&mut RouteCache>,
+    ) -> Ingested {
         self.stats.received(&msg);
         let in_lane = msg.in_lane;
-        let ingested = self.deliver_with(msg, deferred);
+        let ingested = self.deliver_routed(msg, deferred, cache);
         self.stats.routed(&ingested, in_lane);
         ingested
     }
@@ -258,11 +259,7 @@ impl Broker {
         deferred: Option<&mut Vec<Op>>,
         cache: &mut RouteCache,
     ) -> Ingested {
-        self.stats.received(&msg);
-        let in_lane = msg.in_lane;
-        let ingested = self.deliver_routed(msg, deferred, Some(cache));
-        self.stats.routed(&ingested, in_lane);
-        ingested
+        self.ingest_routed(msg, deferred, Some(cache))
     }
 
     fn deliver_routed(
@@ -324,16 +321,7 @@ impl Broker {
         };
         for t in targets {
             let retain = msg.retain && t.retain_as_published;
-            let d = Delivery {
-                msg: msg.clone(),
-                qos: t.qos,
-                retain,
-                sub_ids: t.sub_ids.clone(),
-                share: t.share.clone(),
-                seq: 0,
-                stream: None,
-                lane: None,
-            };
+            let d = t.delivery(&msg, retain);
             // A durable queue entry is an effect a replay must not repeat: deliveries to
             // sessions that end with their connection leave nothing in the index, so QoS 1
             // needs no `Routed` marker for them (one per message was most of the index's disk

@@ -5,7 +5,7 @@
 //! subscriptions of one session are merged into one delivery (highest QoS, every
 //! subscription identifier) as MQTT 5 section 3.3.4 allows.
 
-use crate::message::SharedOrigin;
+use crate::message::{Delivery, SharedOrigin};
 use crate::session::Session;
 use lanemq_protocol::{QoS, SubscriptionOptions};
 use std::collections::HashMap;
@@ -48,6 +48,22 @@ pub struct Target {
     pub retain_as_published: bool,
     pub sub_ids: Vec<u32>,
     pub share: Option<Arc<SharedOrigin>>,
+}
+
+impl Target {
+    /// The delivery of `msg` to this target, with this RETAIN flag.
+    pub fn delivery(&self, msg: &Arc<crate::message::Message>, retain: bool) -> Delivery {
+        Delivery {
+            msg: msg.clone(),
+            qos: self.qos,
+            retain,
+            sub_ids: self.sub_ids.clone(),
+            share: self.share.clone(),
+            seq: 0,
+            stream: None,
+            lane: None,
+        }
+    }
 }
 
 /// A matching subscriber, and the shared group it was chosen from.
