@@ -32,20 +32,39 @@ pub struct Index {
 
 const WATERMARK_KEY: &[u8] = b"watermark";
 
+/// How long an open waits for sled's file lock. sled takes an exclusive `flock` on its `db`
+/// file and gives it back only when its last handle *and* its background threads are gone,
+/// which can be a few milliseconds after the `Db` was dropped (a reopen in the same process —
+/// a restart, a test — then fails with `WouldBlock`). A lock held by another process for longer
+/// than this is reported as the error it is.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+fn open_waiting_for_lock(config: &sled::Config) -> Result<sled::Db, sled::Error> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match config.open() {
+            Err(sled::Error::Io(e))
+                if e.to_string().starts_with("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Index {
     /// Opens (or creates) the index in `dir`.
     pub fn open(dir: &Path) -> Result<Index, StoreError> {
-        Self::from_db(sled::Config::new().path(dir).open()?)
+        Self::from_db(open_waiting_for_lock(&sled::Config::new().path(dir))?)
     }
 
     /// Opens (or creates) the index in `dir` with a page cache of `cache_bytes`.
     pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Index, StoreError> {
-        Self::from_db(
-            sled::Config::new()
-                .path(dir)
-                .cache_capacity(cache_bytes)
-                .open()?,
-        )
+        Self::from_db(open_waiting_for_lock(
+            &sled::Config::new().path(dir).cache_capacity(cache_bytes),
+        )?)
     }
 
     /// A throw-away index (tests).

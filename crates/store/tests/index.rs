@@ -35,3 +35,16 @@ fn a_temporary_index_starts_empty() {
     let ix = Index::temporary().expect("temporary");
     assert!(ix.tree("b_sessions").expect("tree").is_empty());
 }
+
+#[test]
+fn reopening_right_after_a_drop_waits_for_the_file_lock() {
+    // sled releases its file lock only once its background threads are gone; a reopen at once
+    // (an in-process restart) must wait for it, not fail with WouldBlock.
+    let dir = temp_dir("index-reopen");
+    for i in 0u64..20 {
+        let ix = Index::open(&dir).expect("reopen at once");
+        assert_eq!(ix.watermark().expect("watermark"), i);
+        ix.set_watermark(i + 1).expect("set");
+        ix.flush().expect("flush");
+    }
+}
