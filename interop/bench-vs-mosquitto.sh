@@ -109,6 +109,7 @@ log() { printf '[bench] %s\n' "$*" >&2; }
 
 TMP=$(mktemp -d /tmp/lanemq-bench.XXXXXX)
 BROKER_PID=""
+BROKER_DIR=""
 cleanup() {
     stop_broker
     rm -rf "$TMP"
@@ -239,6 +240,14 @@ stop_broker() {
     kill -9 "$BROKER_PID" 2>/dev/null || true
     wait "$BROKER_PID" 2>/dev/null || true
     BROKER_PID=""
+    # Every broker's data directory goes with its run (the logs stay): a run's data left in
+    # the page cache made the next runs that write much slower on this VM (the kernel copies
+    # each write into memory the guest touches for the first time; docs/benchmarks.md,
+    # "Rounds that fell").
+    if [[ -n $BROKER_DIR ]]; then
+        rm -rf "$BROKER_DIR/data"
+        BROKER_DIR=""
+    fi
 }
 
 # start_broker NAME SCENARIO -> sets PORT and BROKER_PID, returns 1 on failure
@@ -250,6 +259,7 @@ start_broker() {
     PORT=$(free_port)
     local dir="$TMP/$1-$PORT"
     mkdir -p "$dir/data"
+    BROKER_DIR=$dir
     case $1 in
     mosquitto)
         # Never drop for queue limits during a throughput benchmark; the slow-consumer
