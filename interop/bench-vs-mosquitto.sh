@@ -48,6 +48,9 @@
 #   DURATION=5        measured seconds per run (plus WARMUP)
 #   WARMUP=1          warm-up seconds per run
 #   IDLE_CONNS=10000  idle connections for the RSS scenario
+#   IDLE_HOLD=25      seconds they are held: RSS is read 1 s after the last CONNACK and at the
+#                     end (lanemq hibernates a connection idle for mqtt.idle_hibernate_ms,
+#                     10 s by default, within twice that)
 #   INFLIGHT=100      QoS 1 window per publisher = mosquitto max_inflight_messages
 #   SCENARIOS="fanin_q0 fanout_q0 fanin_q1 fanin_q1_1k latency_q0 idle"
 #                     also available (docs/benchmarks.md, slow consumers): rate_q0 (10 -> 1
@@ -88,6 +91,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 WARMUP=${WARMUP:-1}
 IDLE_CONNS=${IDLE_CONNS:-10000}
+IDLE_HOLD=${IDLE_HOLD:-25}
 INFLIGHT=${INFLIGHT:-100}
 SCENARIOS=${SCENARIOS:-"fanin_q0 fanout_q0 fanin_q1 fanin_q1_1k latency_q0 idle"}
 BROKERS=${BROKERS:-"mosquitto lanemq"}
@@ -358,7 +362,7 @@ scenario_args() {
     fanin_q1) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 1 --payload 64" ;;
     fanin_q1_1k) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 1 --payload 1024" ;;
     latency_q0) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 0 --payload 64 --rate $LAT_RATE" ;;
-    idle) echo "--idle-connections $IDLE_CONNS --duration $DURATION --keepalive 60 --connect-concurrency 200 --quiet" ;;
+    idle) echo "--idle-connections $IDLE_CONNS --duration $IDLE_HOLD --keepalive 60 --connect-concurrency 200 --quiet" ;;
     rate_q0) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 0 --payload 64 --rate $SLOW_RATE" ;;
     slow_consumer_q0) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 0 --payload 64 --rate $SLOW_RATE --stuck-subscribers 1 --stuck-qos 0 --stuck-filter #" ;;
     slow_consumer_q1) echo "$common --topic-mode fan-in --publishers 10 --subscribers 1 --qos 1 --payload 64 --stuck-subscribers 1 --stuck-qos 1 --stuck-session-expiry 3600 --stuck-filter #" ;;

@@ -62,7 +62,8 @@ METRICS = [
     ("latency_q0", "latency p50 @50% load", "p50", "µs", False),
     ("latency_q0", "latency p99 @50% load", "p99", "µs", False),
     ("latency_q0", "latency p99.9 @50% load", "p999", "µs", False),
-    ("idle", "RSS per idle connection", "rss_conn", "bytes", False),
+    ("idle", "RSS per idle connection, 1 s after connecting", "rss_conn", "bytes", False),
+    ("idle", "RSS per idle connection, end of the hold", "rss_conn_end", "bytes", False),
     ("idle", "connect rate (CONNECT→CONNACK)", "conn_rate", "conn/s", True),
     ("fanin_q1", "QoS1 fan-in p99", "p99", "µs", False),
     ("rate_q0", "QoS0 10→1 at rate, delivered", "out", "msg/s", True),
@@ -89,6 +90,9 @@ def metric(report, key):
     if key == "rss_conn":
         idle = report.get("idle") or {}
         return idle.get("rss_per_connection_bytes")
+    if key == "rss_conn_end":
+        idle = report.get("idle") or {}
+        return idle.get("rss_per_connection_end_bytes")
     if key == "conn_rate":
         idle = report.get("idle") or {}
         secs, n = idle.get("connect_secs"), idle.get("connected")
@@ -292,7 +296,8 @@ def families_from_results(results, data):
         family("memory", "Memory: broker RSS per idle connection; connect rate", [
             panel(f"{meta['idle']:,} idle connections" if meta.get("idle") else "idle connections",
                   "bytes per connection", [
-                ("RSS per idle connection", "idle", "rss_conn")], False),
+                ("1 s after connecting", "idle", "rss_conn"),
+                ("at the end of the hold", "idle", "rss_conn_end")], False),
             panel("CONNECT → CONNACK while opening them", "connections/s", [
                 ("connect rate", "idle", "conn_rate")], True),
         ]),

@@ -14,6 +14,7 @@ mod config_cli;
 mod durability_restart;
 mod enhanced_auth;
 mod flow_control;
+mod hibernate;
 mod kill9;
 mod lanes;
 mod lanes_admin;

@@ -91,6 +91,17 @@ run_tests() {
   fi
 }
 
+# The MQTT protocol tests again, with connections hibernating whenever they are idle for
+# 1 ms (so most packets find the connection in the parking lot).
+run_tests_hibernating() {
+  local filter='test(/^(mqtt311|mqtt5_connect|mqtt5_features|mqtt5_publish|mqtt5_subscribe|sessions|shared|flow_control|shutdown|malformed|enhanced_auth|hibernate)::/)'
+  if cargo nextest --version >/dev/null 2>&1; then
+    LANEMQ_TEST_HIBERNATE_MS=1 cargo nextest run -p lanemq-tests --cargo-profile ci --no-fail-fast -E "$filter"
+  else
+    LANEMQ_TEST_HIBERNATE_MS=1 cargo test -p lanemq-tests --profile ci --no-fail-fast --test it
+  fi
+}
+
 interop_scripts() {
   local f
   for f in interop/*.sh; do
@@ -121,6 +132,7 @@ if ! phase build cargo build --profile ci --workspace --all-targets; then
 fi
 export LANEMQ_BIN=$ROOT/target/ci/lanemq
 phase tests run_tests || true
+phase tests-hibernating run_tests_hibernating || true
 # The cargo-fuzz targets must keep building (stable toolchain, no instrumentation: running
 # them is crates/fuzz/run.sh's job).
 phase fuzz-build bash -c 'cd crates/fuzz && cargo build --target-dir ../../target/fuzz' || true

@@ -33,6 +33,15 @@ pub fn config() -> Config {
     cfg.server.data_dir = temp_data_dir();
     // Tests that need the REST API enable it on 127.0.0.1:0.
     cfg.admin.enable = false;
+    // The test command runs the protocol tests a second time with every idle moment
+    // hibernating (`LANEMQ_TEST_HIBERNATE_MS=1`): each connection then leaves its task and
+    // comes back from the parking lot between most of its packets.
+    if let Some(ms) = std::env::var("LANEMQ_TEST_HIBERNATE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.mqtt.idle_hibernate_ms = ms;
+    }
     cfg
 }
 

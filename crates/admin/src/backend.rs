@@ -264,6 +264,8 @@ pub struct GroupFigures {
 pub struct BrokerMetrics {
     pub uptime_seconds: u64,
     pub connections: u64,
+    /// Connections hibernating (idle, waiting in the parking lot without a task).
+    pub connections_hibernating: u64,
     pub connections_accepted: u64,
     /// CONNECTs refused, by CONNACK reason name (`bad_user_name_or_password`, ...).
     pub connects_refused: Vec<(String, u64)>,

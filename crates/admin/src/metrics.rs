@@ -194,6 +194,13 @@ impl Collector for Scrape {
             None,
             b.connections,
         )?;
+        gauge(
+            e,
+            "lanemq_connections_hibernating",
+            "Idle connections waiting in the parking lot, without a task.",
+            None,
+            b.connections_hibernating,
+        )?;
         counter(
             e,
             "lanemq_connections_accepted",
@@ -729,6 +736,7 @@ mod tests {
     fn sample() -> BrokerMetrics {
         BrokerMetrics {
             connections: 3,
+            connections_hibernating: 2,
             connections_accepted: 10,
             connects_refused: vec![("bad_user_name_or_password".into(), 2)],
             received: [
@@ -782,6 +790,8 @@ mod tests {
         for line in [
             "# TYPE lanemq_connections gauge",
             "lanemq_connections 3",
+            "# TYPE lanemq_connections_hibernating gauge",
+            "lanemq_connections_hibernating 2",
             "# TYPE lanemq_connections_accepted_total counter",
             "lanemq_connections_accepted_total 10",
             "lanemq_connections_refused_total{reason=\"bad_user_name_or_password\"} 2",

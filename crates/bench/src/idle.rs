@@ -32,6 +32,9 @@ pub struct IdleReport {
     pub rss_end_kb: Option<u64>,
     /// (rss_after − rss_before) / connected.
     pub rss_per_connection_bytes: Option<f64>,
+    /// (rss_end − rss_before) / connected: at the end of the hold, when a broker that
+    /// hibernates idle connections has had the time to.
+    pub rss_per_connection_end_bytes: Option<f64>,
     pub first_error: Option<String>,
     /// `--half-open` only.
     pub half_open: Option<HalfOpenReport>,
@@ -239,6 +242,12 @@ pub async fn run(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         }
         _ => None,
     };
+    let per_conn_end = match (rss_before, rss_end) {
+        (Some(b), Some(a)) if connected > 0 && !half_open => {
+            Some((a as f64 - b as f64) * 1024.0 / connected as f64)
+        }
+        _ => None,
+    };
     let first_error = first_error.lock().expect("first_error lock").clone();
     if let Some(e) = &first_error {
         report
@@ -256,6 +265,7 @@ pub async fn run(opts: &BenchOpts) -> anyhow::Result<BenchReport> {
         rss_after_kb: rss_after,
         rss_end_kb: rss_end,
         rss_per_connection_bytes: per_conn,
+        rss_per_connection_end_bytes: per_conn_end,
         first_error,
         half_open: half_open.then(|| {
             let min = closed_min.load(Ordering::Relaxed);

@@ -455,6 +455,12 @@ impl fmt::Display for BenchReport {
             if let Some(b) = idle.rss_per_connection_bytes {
                 writeln!(f, "broker RSS per connection: {b:.0} bytes")?;
             }
+            if let Some(b) = idle.rss_per_connection_end_bytes {
+                writeln!(
+                    f,
+                    "broker RSS per connection at the end of the hold: {b:.0} bytes"
+                )?;
+            }
             if let Some(h) = &idle.half_open {
                 writeln!(
                     f,

@@ -591,6 +591,7 @@ impl AdminBackend for BrokerAdmin {
         BrokerMetrics {
             uptime_seconds: b.started.elapsed().as_secs(),
             connections: st.clients_connected.load(Ordering::Relaxed) as u64,
+            connections_hibernating: b.lot.parked() as u64,
             connections_accepted: n(&st.connections_accepted),
             connects_refused: refused,
             auth_failures: n(&st.auth_failures),

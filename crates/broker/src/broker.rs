@@ -98,6 +98,8 @@ pub struct Broker {
     pub stats: Stats,
     pub started: Instant,
     shutdown_tx: watch::Sender<bool>,
+    /// Idle plain-TCP connections waiting without a task (`mqtt.idle_hibernate_ms`).
+    pub lot: crate::park::Lot,
     next_client_seq: AtomicU64,
     /// The shared log and the index.
     pub persist: Arc<Persist>,
@@ -165,6 +167,7 @@ impl Broker {
             stats: Stats::default(),
             started: Instant::now(),
             shutdown_tx,
+            lot: crate::park::Lot::new(),
             next_client_seq: AtomicU64::new(1),
             persist,
             auth: RwLock::new(Arc::new(auth)),

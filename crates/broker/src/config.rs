@@ -209,6 +209,11 @@ pub struct MqttConfig {
     pub max_publish_rate_per_s: u32,
     /// A client must send CONNECT within this time.
     pub connect_timeout_ms: u64,
+    /// A plain-TCP connection with nothing to do for this long (no input, nothing to send,
+    /// nothing waiting) hibernates: it leaves its task and waits in the broker's parking lot
+    /// with its state in one box, and comes back on its next input, delivery or keep-alive
+    /// deadline. 0: never.
+    pub idle_hibernate_ms: u64,
     /// If set, overrides the client's keep alive (Server Keep Alive in CONNACK).
     pub server_keep_alive_s: Option<u16>,
     /// Largest keep alive accepted; larger requests are lowered through Server Keep Alive (MQTT 5).
@@ -245,6 +250,7 @@ impl Default for MqttConfig {
             queued_bytes_max_total: 256 * 1024 * 1024,
             max_publish_rate_per_s: 0,
             connect_timeout_ms: 10_000,
+            idle_hibernate_ms: 10_000,
             server_keep_alive_s: None,
             max_keep_alive_s: u16::MAX,
             topic_alias_max: 64,

@@ -16,6 +16,7 @@ pub mod lazy;
 pub mod listener;
 pub mod lite;
 pub mod message;
+pub mod park;
 pub mod persist;
 pub mod queue_journal;
 pub mod restore;

@@ -3,12 +3,11 @@
 use crate::anyhow_lite;
 use crate::broker::Broker;
 use crate::config::{Config, ListenerKind};
-use crate::connection::serve_connection;
+use crate::connection::serve_tcp;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -284,7 +283,7 @@ async fn accept_loop(
 ) {
     let acceptor = Arc::new(acceptor);
     loop {
-        let (mut stream, peer) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -296,27 +295,27 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let guard = tracker.enter();
         let broker = broker.clone();
-        let acceptor = acceptor.clone();
-        // One level of futures for a plain TCP connection (each level keeps its own copy of
-        // the arguments for the life of the connection). TLS and WebSocket connections are
-        // boxed: their futures are larger than a plain one's.
-        tokio::spawn(async move {
-            match &*acceptor {
-                Acceptor::Tcp => {
-                    // Borrowed halves: no shared allocation for the stream.
-                    let (r, w) = stream.split();
-                    serve_connection(broker, r, w, peer).await;
-                    // As an owned write half does on drop (the connection normally shut
-                    // down already).
-                    let _ = stream.shutdown().await;
-                }
-                Acceptor::Tls(tls) => Box::pin(tls.serve(broker, stream, peer)).await,
-                Acceptor::Ws { path } => {
-                    Box::pin(crate::ws::serve(broker, stream, peer, path)).await
-                }
+        // A plain TCP connection's task is its future alone (each level of futures keeps its
+        // own copy of the arguments); the guard goes with the connection, which may hibernate
+        // (leave its task). TLS and WebSocket connections are boxed: their futures are larger.
+        match &*acceptor {
+            Acceptor::Tcp => {
+                tokio::spawn(serve_tcp(broker, stream, peer, guard));
             }
-            drop(guard);
-        });
+            Acceptor::Tls(_) | Acceptor::Ws { .. } => {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    match &*acceptor {
+                        Acceptor::Tls(tls) => Box::pin(tls.serve(broker, stream, peer)).await,
+                        Acceptor::Ws { path } => {
+                            Box::pin(crate::ws::serve(broker, stream, peer, path)).await
+                        }
+                        Acceptor::Tcp => {}
+                    }
+                    drop(guard);
+                });
+            }
+        }
     }
 }
 
@@ -342,22 +341,13 @@ mod tests {
         std::mem::size_of::<F>()
     }
 
-    /// The future of a plain TCP connection's task is most of an idle connection's memory
-    /// (docs/benchmarks.md, idle connections): keep it from growing back unnoticed.
+    /// The future of a plain TCP connection's task is most of the memory of a connection
+    /// that has not hibernated yet (docs/benchmarks.md, idle connections): keep it from growing
+    /// back unnoticed.
     #[test]
     fn connection_task_future_is_small() {
         let task = output_size(
-            |b: Arc<Broker>, mut s: TcpStream, p: SocketAddr, a: Arc<Acceptor>| async move {
-                match &*a {
-                    Acceptor::Tcp => {
-                        let (r, w) = s.split();
-                        serve_connection(b, r, w, p).await;
-                        let _ = s.shutdown().await;
-                    }
-                    Acceptor::Tls(tls) => Box::pin(tls.serve(b, s, p)).await,
-                    Acceptor::Ws { path } => Box::pin(crate::ws::serve(b, s, p, path)).await,
-                }
-            },
+            |b: Arc<Broker>, s: TcpStream, p: SocketAddr, g: ConnGuard| serve_tcp(b, s, p, g),
         );
         eprintln!("connection task future: {task} B");
         assert!(task <= 800, "connection task future is {task} B");

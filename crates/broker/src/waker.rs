@@ -40,6 +40,17 @@ impl ConnWaker {
         }
     }
 
+    /// Installs the waker the next notification wakes (a parked connection's: see
+    /// `crate::park`), in place of the last waiting task's.
+    pub fn set_waker(&self, waker: Waker) {
+        *self.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(waker);
+    }
+
+    /// A notification came that no wait has taken yet.
+    pub fn is_notified(&self) -> bool {
+        self.permit.load(Ordering::Acquire)
+    }
+
     /// Completes once notified (at once if a notification came since the last wait).
     /// Cancel safe: a notification is consumed only when this returns `Ready`.
     pub fn notified(&self) -> Notified<'_> {

@@ -15,17 +15,22 @@
 //!   boxed futures; rarely used state (will, topic aliases, stream feeders, rate limit) is
 //!   boxed and allocated only when used.
 //!
+//! - a plain-TCP connection with nothing to do for `mqtt.idle_hibernate_ms` leaves its task
+//!   and waits in the broker's parking lot (`crate::park`; `hibernate.rs`).
+//!
 //! This file keeps the socket loop, framing, packet dispatch and the drain of the session
-//! queue; the handshake, PUBLISH, SUBSCRIBE/UNSUBSCRIBE and the end of a connection (will,
-//! expiry) are in the files beside it.
+//! queue; the handshake, PUBLISH, SUBSCRIBE/UNSUBSCRIBE, hibernation and the end of a
+//! connection (will, expiry) are in the files beside it.
 
 mod close;
 mod handshake;
+mod hibernate;
 mod publish;
 mod subscribe;
 
 pub use close::start_restored_timers;
 use handshake::reject_bad_connect;
+pub use hibernate::serve_tcp;
 
 use crate::broker::Broker;
 use crate::lazy::{LazyDeque, LazyMap};
@@ -80,6 +85,26 @@ const TRIM_QUEUE_CAPACITY: usize = 1024;
 const LINGER_MS: u64 = 500;
 /// How much input is drained at most after a server-initiated DISCONNECT.
 const LINGER_BYTES_MAX: usize = 1024 * 1024;
+
+/// How the socket loop ended: the connection closes, or it hibernates (plain TCP only; see
+/// `crate::park`) with its keep-alive deadline.
+enum Exit {
+    Close(Close),
+    Park(Option<tokio::time::Instant>),
+}
+
+/// When the socket loop's timer fires: the keep-alive deadline or the next hibernation check,
+/// whichever is first (a year from `now` when there is neither).
+fn timer_at(
+    keep_alive: Option<tokio::time::Instant>,
+    check: Option<tokio::time::Instant>,
+    now: tokio::time::Instant,
+) -> tokio::time::Instant {
+    match (keep_alive, check) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(now + Duration::from_secs(86_400 * 365)),
+    }
+}
 
 /// How a connection ends.
 #[derive(Debug, Clone, Copy)]
@@ -237,39 +262,67 @@ where
     W: AsyncWrite + Unpin + Send,
 {
     async move {
-        let io_error = |e: std::io::Error| debug!(error = %e, "connection ended with I/O error");
         let mut rbuf = BytesMut::new();
-        let connect = match read_first(&broker, &mut reader, &mut rbuf).await {
-            Ok(First::Connect(c)) => c,
-            Ok(First::Bad(err)) => {
-                Box::pin(reject_bad_connect(&mut writer, &err)).await;
-                return;
-            }
-            Ok(First::Nothing) => return,
-            Err(e) => return io_error(e),
-        };
-        let established = Box::pin(establish(
-            &broker,
-            connect,
-            &mut reader,
-            &mut writer,
-            &mut rbuf,
-            peer,
-        ));
         // `conn` lives in this block only, so that the future's layout can overlap it with the
         // states before it (a local alive at two awaits gets a slot of its own).
         let close_down = {
-            let mut conn = match established.await {
-                Ok(Some(conn)) => conn,
-                Ok(None) => return,
-                Err(e) => return io_error(e),
+            let Some(mut conn) =
+                accept_connect(&broker, &mut reader, &mut writer, &mut rbuf, peer).await
+            else {
+                return;
             };
-            tracing::Span::current().record("client_id", &*conn.client_id);
-            let close = conn.run_loop(&mut reader, &mut writer, &mut rbuf).await;
+            let close = match conn
+                .run_loop(&mut reader, &mut writer, &mut rbuf, None, None)
+                .await
+            {
+                Exit::Close(c) => c,
+                // Not asked to hibernate (`hibernate` is `None`).
+                Exit::Park(_) => Close::silent(true),
+            };
             Box::pin(conn.close_down(close, &mut reader, &mut writer))
         };
         drop(rbuf);
         close_down.await;
+    }
+}
+
+/// From the first byte to an established connection: the CONNECT (within the connect
+/// timeout; a malformed one is answered with a refusing CONNACK), enhanced authentication when
+/// it asks for it, the handshake. `None`: the connection ends here.
+async fn accept_connect<R, W>(
+    broker: &Arc<Broker>,
+    reader: &mut R,
+    writer: &mut W,
+    rbuf: &mut BytesMut,
+    peer: SocketAddr,
+) -> Option<Conn>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let io_error = |e: std::io::Error| debug!(error = %e, "connection ended with I/O error");
+    let connect = match read_first(broker, reader, rbuf).await {
+        Ok(First::Connect(c)) => c,
+        Ok(First::Bad(err)) => {
+            Box::pin(reject_bad_connect(writer, &err)).await;
+            return None;
+        }
+        Ok(First::Nothing) => return None,
+        Err(e) => {
+            io_error(e);
+            return None;
+        }
+    };
+    match Box::pin(establish(broker, connect, reader, writer, rbuf, peer)).await {
+        Ok(Some(conn)) => {
+            tracing::Span::current().record("client_id", &*conn.client_id);
+            Some(conn)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            io_error(e);
+            None
+        }
     }
 }
 
@@ -915,40 +968,53 @@ impl Conn {
 
     /// The socket loop. A function returning an `async move` block rather than an `async fn`,
     /// whose future would hold a second copy of every argument.
+    ///
+    /// `keep_alive_at`: the keep-alive deadline of a connection coming back from the parking
+    /// lot (otherwise one keep-alive from now). `hibernate`: how long the connection may have
+    /// nothing to do before it returns [`Exit::Park`] (`None`: it never does); checked when a
+    /// timer fires, so the connection parks between one and two such periods after its last
+    /// activity.
     #[allow(clippy::manual_async_fn)]
     fn run_loop<'a, R, W>(
         &'a mut self,
         reader: &'a mut R,
         writer: &'a mut W,
         rbuf: &'a mut BytesMut,
-    ) -> impl Future<Output = Close> + Send + 'a
+        keep_alive_at: Option<tokio::time::Instant>,
+        hibernate: Option<Duration>,
+    ) -> impl Future<Output = Exit> + Send + 'a
     where
         R: AsyncRead + Unpin + Send,
         W: AsyncWrite + Unpin + Send,
     {
         async move {
             let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
-            let far = Duration::from_secs(86_400 * 365);
-            let deadline = tokio::time::sleep(self.keep_alive.unwrap_or(far));
+            let start = tokio::time::Instant::now();
+            let mut ka_at = keep_alive_at.or_else(|| self.keep_alive.map(|ka| start + ka));
+            let mut check_at = hibernate.map(|h| start + h);
+            // Something happened since the last hibernation check.
+            let mut busy = false;
+            let timed = ka_at.is_some() || check_at.is_some();
+            let deadline = tokio::time::sleep_until(timer_at(ka_at, check_at, start));
             tokio::pin!(deadline);
             // Packets already buffered behind CONNECT.
             if !rbuf.is_empty() {
                 if let Err(c) = self.process_input(rbuf, max_packet) {
-                    return c;
+                    return Exit::Close(c);
                 }
             }
             loop {
                 if self.rate.is_some() && !rbuf.is_empty() {
                     // Packets left in the buffer by a rate-limit pause.
                     if let Err(c) = self.process_input(rbuf, max_packet) {
-                        return c;
+                        return Exit::Close(c);
                     }
                 }
                 if let Err(c) = self.process_completions() {
-                    return c;
+                    return Exit::Close(c);
                 }
                 if let Some(kick) = self.drain() {
-                    return match kick {
+                    return Exit::Close(match kick {
                         Kick::TakenOver => Close {
                             reason: Some(rc::SESSION_TAKEN_OVER),
                             will: true,
@@ -978,7 +1044,7 @@ impl Conn {
                             );
                             Close::error(rc::ADMINISTRATIVE_ACTION)
                         }
-                    };
+                    });
                 }
                 let writable = self.writable();
                 let writing = writable > 0;
@@ -1001,8 +1067,9 @@ impl Conn {
                 tokio::select! {
                     biased;
                     res = writer.write(&self.wbuf[..writable]), if writing => {
+                        busy = true;
                         match res {
-                            Ok(0) | Err(_) => return Close::silent(true),
+                            Ok(0) | Err(_) => return Exit::Close(Close::silent(true)),
                             Ok(n) => {
                                 bytes::Buf::advance(&mut self.wbuf, n);
                                 self.abs_written += n as u64;
@@ -1011,33 +1078,74 @@ impl Conn {
                         }
                     }
                     _ = rate_pause(&mut self.rate, paused), if paused.is_some() => {
+                        busy = true;
                         // Not reading was our choice: the client's keep alive starts afresh.
                         if let Some(ka) = self.keep_alive {
-                            deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                            let now = tokio::time::Instant::now();
+                            ka_at = Some(now + ka);
+                            deadline.as_mut().reset(timer_at(ka_at, check_at, now));
                         }
                     }
                     res = read_some(reader, rbuf), if paused.is_none() => {
+                        busy = true;
                         match res {
-                            Ok(0) | Err(_) => return Close::silent(true),
+                            Ok(0) | Err(_) => return Exit::Close(Close::silent(true)),
                             Ok(n) => {
                                 self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
                                 if let Some(ka) = self.keep_alive {
-                                    deadline.as_mut().reset(tokio::time::Instant::now() + ka);
+                                    let now = tokio::time::Instant::now();
+                                    ka_at = Some(now + ka);
+                                    deadline.as_mut().reset(timer_at(ka_at, check_at, now));
                                 }
                                 if let Err(c) = self.process_input(rbuf, max_packet) {
-                                    return c;
+                                    return Exit::Close(c);
                                 }
                             }
                         }
                     }
-                    _ = self.waker.notified() => {}
-                    _ = &mut deadline, if self.keep_alive.is_some() => {
-                        debug!("keep alive timeout");
-                        return Close::error(rc::KEEP_ALIVE_TIMEOUT);
+                    _ = self.waker.notified() => busy = true,
+                    _ = &mut deadline, if timed => {
+                        let now = tokio::time::Instant::now();
+                        if ka_at.is_some_and(|t| now >= t) {
+                            debug!("keep alive timeout");
+                            return Exit::Close(Close::error(rc::KEEP_ALIVE_TIMEOUT));
+                        }
+                        if let Some(h) = hibernate {
+                            if !busy && self.can_hibernate(rbuf) {
+                                return Exit::Park(ka_at);
+                            }
+                            busy = false;
+                            check_at = Some(now + h);
+                        }
+                        deadline.as_mut().reset(timer_at(ka_at, check_at, now));
                     }
                 }
             }
         }
+    }
+
+    /// Nothing buffered either way, nothing waiting for the store or the index, nothing to
+    /// send: the connection's state is all in `self` and its session, and only input, a
+    /// wake-up or the keep-alive deadline can give it work.
+    fn can_hibernate(&mut self, rbuf: &BytesMut) -> bool {
+        if !(rbuf.is_empty()
+            && self.wbuf.is_empty()
+            && self.pending.is_empty()
+            && self.barriers.is_empty()
+            && !self.yield_before_read
+            && self.last_topic.as_ref().is_none_or(|t| t.quiet.is_empty()))
+        {
+            return false;
+        }
+        if self
+            .rate
+            .as_mut()
+            .is_some_and(|r| r.paused_until().is_some())
+        {
+            return false;
+        }
+        let st = self.session.lock();
+        st.queue.is_empty() && st.spilled.is_empty()
     }
 
     /// Decode and handle every complete packet in `rbuf`; the QoS 0 messages batched on the
