@@ -114,6 +114,8 @@ pub struct Broker {
     pub lite: Arc<crate::lite::Lite>,
     /// Bytes of queued messages every session holds in memory (`queued_bytes_max_total`).
     pub queue_budget: Arc<QueueBudget>,
+    /// The queue limits every session shares.
+    queue_limits: Arc<QueueLimits>,
 }
 
 /// Authentication and authorization in force.
@@ -159,6 +161,12 @@ impl Broker {
     ) -> Arc<Broker> {
         let (shutdown_tx, _) = watch::channel(false);
         let queue_budget = Arc::new(QueueBudget::new(config.mqtt.queued_bytes_max_total));
+        let queue_limits = Arc::new(QueueLimits {
+            max_queued: config.mqtt.max_queued_messages,
+            bytes_max: config.mqtt.outbound_buffer_bytes_max,
+            overflow: config.mqtt.queue_overflow,
+            budget: queue_budget.clone(),
+        });
         Arc::new(Broker {
             config,
             router: RwLock::new(Router::default()),
@@ -174,19 +182,14 @@ impl Broker {
             auth_generation: AtomicU64::new(1),
             streams,
             lite,
+            queue_limits,
             queue_budget,
         })
     }
 
     /// Queue limits of a new session.
-    pub fn queue_limits(&self) -> QueueLimits {
-        let m = &self.config.mqtt;
-        QueueLimits {
-            max_queued: m.max_queued_messages,
-            bytes_max: m.outbound_buffer_bytes_max,
-            overflow: m.queue_overflow,
-            budget: self.queue_budget.clone(),
-        }
+    pub fn queue_limits(&self) -> Arc<QueueLimits> {
+        self.queue_limits.clone()
     }
 
     /// Read the messages of spilled queue entries from the log (`None` where a record cannot

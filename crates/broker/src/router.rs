@@ -343,7 +343,7 @@ mod tests {
         Arc::new(Session::new(
             id.into(),
             ProtocolVersion::V5,
-            crate::session::QueueLimits::simple(10, 1 << 20),
+            Arc::new(crate::session::QueueLimits::simple(10, 1 << 20)),
         ))
     }
     fn sub(s: &Arc<Session>, qos: QoS, id: Option<u32>) -> Subscriber {

@@ -22,13 +22,13 @@
 //! - publishers never wait for a session: a full queue applies [`QueueOverflow`].
 
 pub use crate::config::QueueOverflow;
-use crate::lazy::{LazyMap, LazySet};
+use crate::lazy::{BoxedDeque, LazyMap, LazySet};
 use crate::message::{Delivery, NOT_STORED};
 use crate::persist::{Op, Persist};
 pub use crate::spill::{SpillQueue, Spilled, SpilledExtra};
 use crate::stream_sub::StreamSub;
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -158,17 +158,18 @@ pub struct SessionState {
     /// Full filters as subscribed (including `$share/<group>/`).
     pub subscriptions: LazyMap<String, Subscription>,
     /// Deliveries in memory, sent first.
-    pub queue: VecDeque<Delivery>,
+    pub queue: BoxedDeque<Delivery>,
     /// QoS 1/2 deliveries kept as log positions, sent after `queue`.
     pub spilled: SpillQueue,
     /// Cost of `queue` (see [`crate::message::Message::cost`]).
     queued_bytes: usize,
-    pub inflight: VecDeque<Inflight>,
+    pub inflight: BoxedDeque<Inflight>,
     pub pids_in_use: LazySet<u16>,
     pub next_pid: u16,
     /// Inbound QoS 2 packet identifiers received and PUBREC'd, waiting for PUBREL.
     pub inbound_qos2: LazySet<u16>,
-    pub limits: QueueLimits,
+    /// Shared by every session of the broker (one configuration).
+    pub limits: Arc<QueueLimits>,
     pub dropped: u64,
     /// Wakes the owning connection task (new deliveries, a kick). Replaced on every connect;
     /// `None` while offline.
@@ -195,6 +196,8 @@ impl SessionState {
     pub fn trim(&mut self) {
         crate::spill::shrink_deque(&mut self.queue);
         crate::spill::shrink_deque(&mut self.inflight);
+        self.queue.release_if_empty();
+        self.inflight.release_if_empty();
         self.spilled.shrink();
         if self.pids_in_use.capacity() > 2 * self.pids_in_use.len() + 16 {
             self.pids_in_use.shrink_to_fit();
@@ -233,7 +236,11 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
-    pub fn new(client_id: Arc<str>, protocol: ProtocolVersion, limits: QueueLimits) -> Session {
+    pub fn new(
+        client_id: Arc<str>,
+        protocol: ProtocolVersion,
+        limits: Arc<QueueLimits>,
+    ) -> Session {
         Session {
             client_id,
             state: Mutex::new(SessionState {
@@ -244,10 +251,10 @@ impl Session {
                 protocol,
                 expiry_s: 0,
                 subscriptions: LazyMap::new(),
-                queue: VecDeque::new(),
+                queue: BoxedDeque::new(),
                 spilled: SpillQueue::default(),
                 queued_bytes: 0,
-                inflight: VecDeque::new(),
+                inflight: BoxedDeque::new(),
                 pids_in_use: LazySet::new(),
                 next_pid: 1,
                 inbound_qos2: LazySet::new(),

@@ -160,8 +160,8 @@ impl Conn {
             }
             keep_alive_s = granted;
         }
-        let keep_alive =
-            (keep_alive_s > 0).then(|| Duration::from_millis(u64::from(keep_alive_s) * 1500));
+        // 1.5 x the keep alive [MQTT-3.1.2-22], in milliseconds (at most 98,302,500).
+        let keep_alive_ms = u32::from(keep_alive_s) * 1500;
 
         if v5 {
             if cfg.receive_maximum != u16::MAX {
@@ -302,16 +302,12 @@ impl Conn {
         encode(&Packet::ConnAck(connack), version, &mut wbuf);
 
         let waker_for_store = waker.clone();
-        let send_window = usize::from(
-            c.properties
-                .receive_maximum
-                .unwrap_or(u16::MAX)
-                .min(cfg.max_inflight_messages),
-        );
-        let client_max_packet = c
+        let send_window = c
             .properties
-            .maximum_packet_size
-            .map_or(usize::MAX, |m| m as usize);
+            .receive_maximum
+            .unwrap_or(u16::MAX)
+            .min(cfg.max_inflight_messages);
+        let client_max_packet = c.properties.maximum_packet_size.unwrap_or(u32::MAX);
         let mut conn = Conn {
             broker: broker.clone(),
             version,
@@ -319,7 +315,7 @@ impl Conn {
             session,
             generation,
             waker,
-            keep_alive,
+            keep_alive_ms,
             send_window,
             client_max_packet,
             client_alias_max: if v5 && cfg.outbound_topic_aliases {
@@ -336,7 +332,7 @@ impl Conn {
             rate: (cfg.max_publish_rate_per_s > 0)
                 .then(|| Box::new(RateLimit::new(cfg.max_publish_rate_per_s))),
             username: c.username.as_deref().map(Arc::from),
-            pending: VecDeque::new(),
+            pending: LazyDeque::new(),
             completions: Arc::new(Completions {
                 ok: AtomicU64::new(0),
                 failed: AtomicBool::new(false),

@@ -169,3 +169,20 @@ impl<G: Send + 'static> Parked for ParkedTcp<G> {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hibernating connection's box is most of its memory besides its session
+    /// (docs/benchmarks.md, idle connections): keep it within the allocator's 320-byte class.
+    #[test]
+    fn a_parked_connection_fits_320_bytes() {
+        let size = std::mem::size_of::<ParkedTcp<crate::listener::ConnGuard>>();
+        eprintln!(
+            "parked connection: {size} B (Conn {} B)",
+            std::mem::size_of::<Conn>()
+        );
+        assert!(size <= 320, "a parked connection is {size} B");
+    }
+}

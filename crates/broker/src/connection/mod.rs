@@ -51,7 +51,6 @@ use lanemq_protocol::{
     UnsubAck, Unsubscribe, Will,
 };
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -508,11 +507,12 @@ struct Conn {
     session: Arc<Session>,
     generation: u64,
     waker: Arc<ConnWaker>,
-    keep_alive: Option<Duration>,
+    /// 1.5 x the granted keep alive, in milliseconds (0: none). At most 98,302,500.
+    keep_alive_ms: u32,
     /// Outbound QoS 1/2 window: min(client Receive Maximum, max_inflight_messages).
-    send_window: usize,
+    send_window: u16,
     /// Largest packet the client accepts.
-    client_max_packet: usize,
+    client_max_packet: u32,
     /// Client's Topic Alias Maximum (server-to-client aliases).
     client_alias_max: u16,
     inbound_aliases: LazyMap<u16, Arc<str>>,
@@ -527,7 +527,7 @@ struct Conn {
     /// Username as presented in CONNECT (authenticated when a password file is in use).
     username: Option<Arc<str>>,
     /// Stored PUBLISHes not yet durable, in arrival order.
-    pending: VecDeque<PendingPub>,
+    pending: LazyDeque<PendingPub>,
     completions: Arc<Completions>,
     /// Completions consumed from `completions.ok`.
     completed: u64,
@@ -673,7 +673,7 @@ impl Conn {
                 strip(props);
             }
         }
-        if encoded_len(&p, self.version) > self.client_max_packet {
+        if encoded_len(&p, self.version) > self.client_max_packet as usize {
             match &mut p {
                 Packet::PubAck(r) | Packet::PubRec(r) | Packet::PubRel(r) | Packet::PubComp(r) => {
                     strip(&mut r.properties)
@@ -772,7 +772,7 @@ impl Conn {
             .publish_out(d, 1, false, now, AliasPlan::None)
             .encoded_len(self.version);
         // A new alias adds its 3-byte property, and may lengthen two length varints.
-        if full + 5 <= self.client_max_packet {
+        if full + 5 <= self.client_max_packet as usize {
             return true;
         }
         if sure {
@@ -781,7 +781,7 @@ impl Conn {
         let plan = self.alias_plan(&d.msg.topic);
         self.publish_out(d, 1, false, now, plan)
             .encoded_len(self.version)
-            <= self.client_max_packet
+            <= self.client_max_packet as usize
     }
 
     /// Bring spilled queue entries (log positions) back into memory, reading the log without
@@ -831,7 +831,9 @@ impl Conn {
             let mut planned = self.wbuf.len();
             while planned < WRITE_HIGH_WATER_BYTES && batch.len() < DRAIN_BATCH {
                 let Some(front) = st.queue.front() else { break };
-                if front.qos != QoS::AtMostOnce && st.inflight.len() >= self.send_window {
+                if front.qos != QoS::AtMostOnce
+                    && st.inflight.len() >= usize::from(self.send_window)
+                {
                     break;
                 }
                 let Some(d) = st.pop_queue() else { break };
@@ -990,7 +992,7 @@ impl Conn {
         async move {
             let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
             let start = tokio::time::Instant::now();
-            let mut ka_at = keep_alive_at.or_else(|| self.keep_alive.map(|ka| start + ka));
+            let mut ka_at = keep_alive_at.or_else(|| self.keep_alive().map(|ka| start + ka));
             let mut check_at = hibernate.map(|h| start + h);
             // Something happened since the last hibernation check.
             let mut busy = false;
@@ -1080,7 +1082,7 @@ impl Conn {
                     _ = rate_pause(&mut self.rate, paused), if paused.is_some() => {
                         busy = true;
                         // Not reading was our choice: the client's keep alive starts afresh.
-                        if let Some(ka) = self.keep_alive {
+                        if let Some(ka) = self.keep_alive() {
                             let now = tokio::time::Instant::now();
                             ka_at = Some(now + ka);
                             deadline.as_mut().reset(timer_at(ka_at, check_at, now));
@@ -1092,7 +1094,7 @@ impl Conn {
                             Ok(0) | Err(_) => return Exit::Close(Close::silent(true)),
                             Ok(n) => {
                                 self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
-                                if let Some(ka) = self.keep_alive {
+                                if let Some(ka) = self.keep_alive() {
                                     let now = tokio::time::Instant::now();
                                     ka_at = Some(now + ka);
                                     deadline.as_mut().reset(timer_at(ka_at, check_at, now));
@@ -1112,6 +1114,7 @@ impl Conn {
                         }
                         if let Some(h) = hibernate {
                             if !busy && self.can_hibernate(rbuf) {
+                                self.shed();
                                 return Exit::Park(ka_at);
                             }
                             busy = false;
@@ -1122,6 +1125,20 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// The keep-alive deadline's distance (1.5 x the granted keep alive), if there is one.
+    fn keep_alive(&self) -> Option<Duration> {
+        (self.keep_alive_ms > 0).then(|| Duration::from_millis(u64::from(self.keep_alive_ms)))
+    }
+
+    /// Gives back what a hibernating connection does not need: the empty queue of stored
+    /// publishes (its capacity), the last topic's cache (route, ACL answer, batch room; taken
+    /// again with the next PUBLISH) and the session's empty queues.
+    fn shed(&mut self) {
+        self.pending.clear();
+        self.last_topic = None;
+        self.session.lock().trim();
     }
 
     /// Nothing buffered either way, nothing waiting for the store or the index, nothing to
