@@ -9,7 +9,7 @@
 //! listener guard goes with it, so a broker shutdown waits for parked connections too (the
 //! shutdown's kick wakes them).
 
-use super::{accept_connect, Close, Conn, Exit};
+use super::{accept_connect, Close, Conn, Exit, Hibernate};
 use crate::broker::Broker;
 use crate::park::Parked;
 use bytes::BytesMut;
@@ -22,6 +22,11 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{debug, debug_span, Instrument};
+
+/// How long a connection back from the parking lot may be idle before it hibernates again
+/// (at most `mqtt.idle_hibernate_ms`): a keep-alive ping or a delivery rarely has a
+/// follow-up, and a connection busy again stays until it is idle for the full period.
+const REPARK_AFTER: Duration = Duration::from_millis(500);
 
 /// Serve one plain-TCP connection until it ends or hibernates. `guard` (the listener's count
 /// of open connections) is held for the connection's whole life, parked or not.
@@ -38,7 +43,9 @@ pub fn serve_tcp<G: Send + 'static>(
     let span = debug_span!("conn", %peer, client_id = tracing::field::Empty);
     let enabled = !span.is_disabled();
     let run = Box::pin(accept_tcp(broker, stream, peer, guard)).then(|accepted| match accepted {
-        Some((conn, rbuf, stream, guard)) => Either::Left(live(conn, rbuf, stream, guard, None)),
+        Some((conn, rbuf, stream, guard)) => {
+            Either::Left(live(conn, rbuf, stream, guard, None, false))
+        }
         None => Either::Right(std::future::ready(())),
     });
     if enabled {
@@ -83,10 +90,18 @@ fn live<G: Send + 'static>(
     mut stream: TcpStream,
     guard: G,
     keep_alive_at: Option<tokio::time::Instant>,
+    resumed: bool,
 ) -> impl Future<Output = ()> + Send {
     async move {
-        let hibernate = Duration::from_millis(conn.broker.config.mqtt.idle_hibernate_ms);
-        let hibernate = (!hibernate.is_zero()).then_some(hibernate);
+        let after = Duration::from_millis(conn.broker.config.mqtt.idle_hibernate_ms);
+        let hibernate = (!after.is_zero()).then(|| Hibernate {
+            after,
+            first: if resumed {
+                after.min(REPARK_AFTER)
+            } else {
+                after
+            },
+        });
         let exit = {
             let (mut r, mut w) = stream.split();
             conn.run_loop(&mut r, &mut w, &mut rbuf, keep_alive_at, hibernate)
@@ -157,7 +172,7 @@ impl<G: Send + 'static> Parked for ParkedTcp<G> {
             match TcpStream::from_std(stream) {
                 Ok(stream) => {
                     let at = keep_alive_at.map(tokio::time::Instant::from_std);
-                    live(conn, BytesMut::new(), stream, guard, at).await;
+                    live(conn, BytesMut::new(), stream, guard, at, true).await;
                 }
                 Err(e) => {
                     debug!(error = %e, "could not put the socket back on the reactor");

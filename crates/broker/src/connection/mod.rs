@@ -92,6 +92,16 @@ enum Exit {
     Park(Option<tokio::time::Instant>),
 }
 
+/// When a plain-TCP connection hibernates (see `crate::park` and `hibernate.rs`).
+#[derive(Debug, Clone, Copy)]
+struct Hibernate {
+    /// Nothing to do for this long: hibernate (`mqtt.idle_hibernate_ms`).
+    after: Duration,
+    /// The same until the loop's first check: shorter for a connection just back from the
+    /// lot, which most often had one keep-alive ping or one delivery to handle.
+    first: Duration,
+}
+
 /// When the socket loop's timer fires: the keep-alive deadline or the next hibernation check,
 /// whichever is first (a year from `now` when there is neither).
 fn timer_at(
@@ -973,9 +983,7 @@ impl Conn {
     ///
     /// `keep_alive_at`: the keep-alive deadline of a connection coming back from the parking
     /// lot (otherwise one keep-alive from now). `hibernate`: how long the connection may have
-    /// nothing to do before it returns [`Exit::Park`] (`None`: it never does); checked when a
-    /// timer fires, so the connection parks between one and two such periods after its last
-    /// activity.
+    /// nothing to do before it returns [`Exit::Park`] (`None`: it never does).
     #[allow(clippy::manual_async_fn)]
     fn run_loop<'a, R, W>(
         &'a mut self,
@@ -983,7 +991,7 @@ impl Conn {
         writer: &'a mut W,
         rbuf: &'a mut BytesMut,
         keep_alive_at: Option<tokio::time::Instant>,
-        hibernate: Option<Duration>,
+        hibernate: Option<Hibernate>,
     ) -> impl Future<Output = Exit> + Send + 'a
     where
         R: AsyncRead + Unpin + Send,
@@ -993,9 +1001,11 @@ impl Conn {
             let max_packet = self.broker.config.mqtt.max_packet_size_bytes;
             let start = tokio::time::Instant::now();
             let mut ka_at = keep_alive_at.or_else(|| self.keep_alive().map(|ka| start + ka));
-            let mut check_at = hibernate.map(|h| start + h);
-            // Something happened since the last hibernation check.
-            let mut busy = false;
+            // When the connection last read, wrote or was woken, and how long it may then be
+            // idle before it hibernates (`Hibernate::first` until the first check).
+            let mut last_active = start;
+            let mut idle_limit = hibernate.map(|h| h.first);
+            let mut check_at = idle_limit.map(|l| start + l);
             let timed = ka_at.is_some() || check_at.is_some();
             let deadline = tokio::time::sleep_until(timer_at(ka_at, check_at, start));
             tokio::pin!(deadline);
@@ -1069,7 +1079,9 @@ impl Conn {
                 tokio::select! {
                     biased;
                     res = writer.write(&self.wbuf[..writable]), if writing => {
-                        busy = true;
+                        if hibernate.is_some() {
+                            last_active = tokio::time::Instant::now();
+                        }
                         match res {
                             Ok(0) | Err(_) => return Exit::Close(Close::silent(true)),
                             Ok(n) => {
@@ -1080,22 +1092,24 @@ impl Conn {
                         }
                     }
                     _ = rate_pause(&mut self.rate, paused), if paused.is_some() => {
-                        busy = true;
+                        let now = tokio::time::Instant::now();
+                        last_active = now;
                         // Not reading was our choice: the client's keep alive starts afresh.
                         if let Some(ka) = self.keep_alive() {
-                            let now = tokio::time::Instant::now();
                             ka_at = Some(now + ka);
                             deadline.as_mut().reset(timer_at(ka_at, check_at, now));
                         }
                     }
                     res = read_some(reader, rbuf), if paused.is_none() => {
-                        busy = true;
                         match res {
                             Ok(0) | Err(_) => return Exit::Close(Close::silent(true)),
                             Ok(n) => {
                                 self.broker.stats.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
+                                if timed {
+                                    last_active = tokio::time::Instant::now();
+                                }
                                 if let Some(ka) = self.keep_alive() {
-                                    let now = tokio::time::Instant::now();
+                                    let now = last_active;
                                     ka_at = Some(now + ka);
                                     deadline.as_mut().reset(timer_at(ka_at, check_at, now));
                                 }
@@ -1105,20 +1119,30 @@ impl Conn {
                             }
                         }
                     }
-                    _ = self.waker.notified() => busy = true,
+                    _ = self.waker.notified() => {
+                        if hibernate.is_some() {
+                            last_active = tokio::time::Instant::now();
+                        }
+                    }
                     _ = &mut deadline, if timed => {
                         let now = tokio::time::Instant::now();
                         if ka_at.is_some_and(|t| now >= t) {
                             debug!("keep alive timeout");
                             return Exit::Close(Close::error(rc::KEEP_ALIVE_TIMEOUT));
                         }
-                        if let Some(h) = hibernate {
-                            if !busy && self.can_hibernate(rbuf) {
-                                self.shed();
-                                return Exit::Park(ka_at);
+                        if let (Some(h), Some(limit)) = (hibernate, idle_limit) {
+                            if now >= last_active + limit {
+                                if self.can_hibernate(rbuf) {
+                                    self.shed();
+                                    return Exit::Park(ka_at);
+                                }
+                                // Idle, but something is still held (a store completion, a
+                                // rate pause): look again later.
+                                check_at = Some(now + h.after);
+                            } else {
+                                check_at = Some(last_active + limit);
                             }
-                            busy = false;
-                            check_at = Some(now + h);
+                            idle_limit = Some(h.after);
                         }
                         deadline.as_mut().reset(timer_at(ka_at, check_at, now));
                     }
