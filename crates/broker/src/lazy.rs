@@ -1,4 +1,4 @@
-//! A map, a set and deques that cost one pointer and no allocation while empty.
+//! A map, a set and a deque that cost one pointer and no allocation while empty.
 //!
 //! Every connection and every session carries several maps and sets that most of them never
 //! fill (topic aliases, stream feeders, stream subscriptions, packet identifiers in use, …).
@@ -257,79 +257,9 @@ impl<T> LazyDeque<T> {
     }
 }
 
-/// A `VecDeque` behind one pointer: it reads as an empty `VecDeque` until the first mutable
-/// use allocates it, and [`BoxedDeque::release_if_empty`] gives the allocation back. It
-/// dereferences to `VecDeque`, so code written for one works unchanged (every session has two:
-/// its queue and its inflight window, empty while it is idle).
-#[allow(clippy::box_collection)] // boxed on purpose: 8 bytes while empty
-pub struct BoxedDeque<T>(Option<Box<VecDeque<T>>>);
-
-impl<T> Default for BoxedDeque<T> {
-    fn default() -> Self {
-        BoxedDeque(None)
-    }
-}
-
-impl<T: fmt::Debug> fmt::Debug for BoxedDeque<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
-
-impl<T> BoxedDeque<T> {
-    pub fn new() -> Self {
-        BoxedDeque(None)
-    }
-
-    /// Frees the deque's allocation when it holds nothing.
-    pub fn release_if_empty(&mut self) {
-        if self.0.as_ref().is_some_and(|d| d.is_empty()) {
-            self.0 = None;
-        }
-    }
-
-    /// Whether it holds an allocation (tests).
-    pub fn is_allocated(&self) -> bool {
-        self.0.is_some()
-    }
-}
-
-impl<T> std::ops::Deref for BoxedDeque<T> {
-    type Target = VecDeque<T>;
-    fn deref(&self) -> &VecDeque<T> {
-        match &self.0 {
-            Some(d) => d,
-            None => const { &VecDeque::new() },
-        }
-    }
-}
-
-impl<T> std::ops::DerefMut for BoxedDeque<T> {
-    fn deref_mut(&mut self) -> &mut VecDeque<T> {
-        self.0.get_or_insert_with(Default::default)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn boxed_deque_reads_empty_allocates_on_write_and_releases() {
-        let mut d: BoxedDeque<u32> = BoxedDeque::new();
-        assert!(d.is_empty() && d.front().is_none() && !d.is_allocated());
-        assert_eq!(std::mem::size_of::<BoxedDeque<u32>>(), 8);
-        d.push_back(1);
-        d.push_back(2);
-        assert!(d.is_allocated());
-        assert_eq!(d.iter().copied().collect::<Vec<_>>(), [1, 2]);
-        d.release_if_empty();
-        assert!(d.is_allocated(), "not empty: kept");
-        assert_eq!(d.pop_front(), Some(1));
-        assert_eq!(d.pop_front(), Some(2));
-        d.release_if_empty();
-        assert!(!d.is_allocated() && d.is_empty());
-    }
 
     #[test]
     fn map_allocates_on_insert_and_frees_when_empty() {

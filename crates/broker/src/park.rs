@@ -117,9 +117,10 @@ impl State {
         token
     }
 
-    /// Drops the deadlines of connections that left, when they outnumber the parked ones.
+    /// Drops the deadlines of connections that left, once they are a third of the heap
+    /// (amortised O(1) per parking).
     fn compact_deadlines(&mut self) {
-        if self.deadlines.len() <= 2 * self.parked + 1024 {
+        if self.deadlines.len() <= self.parked + self.parked / 2 + 1024 {
             return;
         }
         let slots = &self.slots;

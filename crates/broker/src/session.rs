@@ -22,13 +22,13 @@
 //! - publishers never wait for a session: a full queue applies [`QueueOverflow`].
 
 pub use crate::config::QueueOverflow;
-use crate::lazy::{BoxedDeque, LazyMap, LazySet};
+use crate::lazy::{LazyMap, LazySet};
 use crate::message::{Delivery, NOT_STORED};
 use crate::persist::{Op, Persist};
 pub use crate::spill::{SpillQueue, Spilled, SpilledExtra};
 use crate::stream_sub::StreamSub;
 use lanemq_protocol::{ProtocolVersion, QoS, SubscriptionOptions};
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -158,12 +158,12 @@ pub struct SessionState {
     /// Full filters as subscribed (including `$share/<group>/`).
     pub subscriptions: LazyMap<String, Subscription>,
     /// Deliveries in memory, sent first.
-    pub queue: BoxedDeque<Delivery>,
+    pub queue: VecDeque<Delivery>,
     /// QoS 1/2 deliveries kept as log positions, sent after `queue`.
     pub spilled: SpillQueue,
     /// Cost of `queue` (see [`crate::message::Message::cost`]).
     queued_bytes: usize,
-    pub inflight: BoxedDeque<Inflight>,
+    pub inflight: VecDeque<Inflight>,
     pub pids_in_use: LazySet<u16>,
     pub next_pid: u16,
     /// Inbound QoS 2 packet identifiers received and PUBREC'd, waiting for PUBREL.
@@ -196,8 +196,6 @@ impl SessionState {
     pub fn trim(&mut self) {
         crate::spill::shrink_deque(&mut self.queue);
         crate::spill::shrink_deque(&mut self.inflight);
-        self.queue.release_if_empty();
-        self.inflight.release_if_empty();
         self.spilled.shrink();
         if self.pids_in_use.capacity() > 2 * self.pids_in_use.len() + 16 {
             self.pids_in_use.shrink_to_fit();
@@ -251,10 +249,10 @@ impl Session {
                 protocol,
                 expiry_s: 0,
                 subscriptions: LazyMap::new(),
-                queue: BoxedDeque::new(),
+                queue: VecDeque::new(),
                 spilled: SpillQueue::default(),
                 queued_bytes: 0,
-                inflight: BoxedDeque::new(),
+                inflight: VecDeque::new(),
                 pids_in_use: LazySet::new(),
                 next_pid: 1,
                 inbound_qos2: LazySet::new(),

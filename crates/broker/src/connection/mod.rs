@@ -1002,7 +1002,7 @@ impl Conn {
             let start = tokio::time::Instant::now();
             let mut ka_at = keep_alive_at.or_else(|| self.keep_alive().map(|ka| start + ka));
             // When the connection last read, wrote or was woken, and how long it may then be
-            // idle before it hibernates (`Hibernate::first` until the first check).
+            // idle before it hibernates (`Hibernate::first` until it is active past that).
             let mut last_active = start;
             let mut idle_limit = hibernate.map(|h| h.first);
             let mut check_at = idle_limit.map(|l| start + l);
@@ -1140,9 +1140,15 @@ impl Conn {
                                 // rate pause): look again later.
                                 check_at = Some(now + h.after);
                             } else {
+                                // Active past the first period: from now on the full one.
+                                let limit = if last_active >= start + h.first {
+                                    h.after
+                                } else {
+                                    limit
+                                };
+                                idle_limit = Some(limit);
                                 check_at = Some(last_active + limit);
                             }
-                            idle_limit = Some(h.after);
                         }
                         deadline.as_mut().reset(timer_at(ka_at, check_at, now));
                     }
