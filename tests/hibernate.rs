@@ -123,6 +123,12 @@ async fn take_over_admin_kick_and_shutdown_reach_a_hibernating_connection() {
     assert!(parked(&srv, 1).await, "the new connection hibernates");
     let mut other = srv.v5("hib-other").await;
     assert!(parked(&srv, 2).await);
+    // An administrative kick (REST `DELETE /api/v5/clients/{id}`) reaches it too: 0x98.
+    let mut kicked = srv.v5("hib-kicked").await;
+    assert!(parked(&srv, 3).await);
+    srv.server().broker().kick_client("hib-kicked");
+    kicked.expect_disconnect(0x98).await;
+    assert!(parked(&srv, 2).await);
     let start = Instant::now();
     srv.shutdown(Duration::from_secs(5)).await;
     assert!(
