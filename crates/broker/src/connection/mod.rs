@@ -97,8 +97,8 @@ enum Exit {
 struct Hibernate {
     /// Nothing to do for this long: hibernate (`mqtt.idle_hibernate_ms`).
     after: Duration,
-    /// The same until the loop's first check: shorter for a connection just back from the
-    /// lot, which most often had one keep-alive ping or one delivery to handle.
+    /// The limit until the connection is active past it: shorter for a connection just back
+    /// from the lot, which most often had one keep-alive ping or one delivery to handle.
     first: Duration,
 }
 
