@@ -51,6 +51,14 @@ impl crate::lite::Ingest for Broker {
     fn ingest_stored(&self, msg: Arc<Message>) {
         self.ingest(msg);
     }
+
+    fn publish_clustered(&self, msg: &Message) -> bool {
+        if !self.clustered() {
+            return false;
+        }
+        self.cluster_publish_internal(msg);
+        true
+    }
 }
 
 impl Stats {
@@ -116,6 +124,8 @@ pub struct Broker {
     pub queue_budget: Arc<QueueBudget>,
     /// The queue limits every session shares.
     queue_limits: Arc<QueueLimits>,
+    /// Cluster mode's link and counters (set once at start; empty on a single node).
+    pub cluster: std::sync::OnceLock<crate::cluster::Cluster>,
 }
 
 /// Authentication and authorization in force.
@@ -184,6 +194,7 @@ impl Broker {
             lite,
             queue_limits,
             queue_budget,
+            cluster: std::sync::OnceLock::new(),
         })
     }
 

@@ -29,6 +29,50 @@ pub struct Config {
     pub admin: AdminConfig,
     /// The lite-topic layer (lanes): settings and the parents declared in the file.
     pub lite: LiteConfig,
+    /// Cluster mode on NATS JetStream (`docs/cluster.md`); off while `servers` is empty.
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]`: cluster mode (`docs/cluster.md`). Off by default: the embedded store alone.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// NATS server URLs (`nats://host:port`); empty: cluster mode is off.
+    pub servers: Vec<String>,
+    /// This node's name, unique in the cluster (letters, digits, `-`, `_`).
+    pub node_id: String,
+    /// The JetStream stream that holds the shared log.
+    pub stream: String,
+    /// First token of the log's subjects (`<prefix>.<escaped topic>`).
+    pub subject_prefix: String,
+    /// Replicas of the log stream when this node creates it (1 to 5).
+    pub replicas: usize,
+    /// How long an accepted QoS 1/2 PUBLISH may wait for JetStream's ack (retries
+    /// included) before its connection is closed unacknowledged.
+    pub publish_timeout_ms: u64,
+    /// How long the start waits for the NATS servers and the stream.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            servers: Vec::new(),
+            node_id: String::new(),
+            stream: "LANEMQ_LOG".into(),
+            subject_prefix: "lanemq.log".into(),
+            replicas: 3,
+            publish_timeout_ms: 30_000,
+            connect_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Cluster mode is on.
+    pub fn enabled(&self) -> bool {
+        !self.servers.is_empty()
+    }
 }
 
 /// `[lite]`: the lite-topic layer (`docs/lanes.md`).
@@ -98,6 +142,7 @@ impl Default for Config {
             streams: Vec::new(),
             admin: AdminConfig::default(),
             lite: LiteConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -526,6 +571,50 @@ impl Config {
             .is_some_and(|t| t.trim().is_empty())
         {
             errors.push("admin.token: must not be empty (remove it to generate one)".to_string());
+        }
+        let c = &self.cluster;
+        if c.enabled() {
+            for s in &c.servers {
+                if !(s.starts_with("nats://") || s.starts_with("tls://")) || s.len() < 8 {
+                    errors.push(format!(
+                        "cluster.servers: {s:?} is not a NATS URL (nats://host:port)"
+                    ));
+                }
+            }
+            let name_ok = |n: &str| {
+                !n.is_empty()
+                    && n.len() <= 64
+                    && n.chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '_')
+            };
+            if !name_ok(&c.node_id) {
+                errors.push(format!(
+                    "cluster.node_id: {:?} must be 1 to 64 letters, digits, '-' or '_' (required in cluster mode)",
+                    c.node_id
+                ));
+            }
+            if !name_ok(&c.stream) {
+                errors.push(format!(
+                    "cluster.stream: {:?} must be 1 to 64 letters, digits, '-' or '_'",
+                    c.stream
+                ));
+            }
+            if c.subject_prefix.is_empty()
+                || c.subject_prefix.split('.').any(|t| {
+                    t.is_empty() || t.chars().any(|ch| matches!(ch, '*' | '>') || ch <= ' ')
+                })
+            {
+                errors.push(format!(
+                    "cluster.subject_prefix: {:?} is not a NATS subject without wildcards",
+                    c.subject_prefix
+                ));
+            }
+            if !(1..=5).contains(&c.replicas) {
+                errors.push(format!("cluster.replicas: {} is not 1 to 5", c.replicas));
+            }
+            if c.publish_timeout_ms == 0 {
+                errors.push("cluster.publish_timeout_ms: must be above 0".to_string());
+            }
         }
         if errors.is_empty() {
             Ok(())

@@ -75,8 +75,23 @@ impl Broker {
         }
     }
 
-    /// [`Broker::admit`] of a message already classified ([`Broker::classify`]).
+    /// [`Broker::admit`] of a message already classified ([`Broker::classify`]). In cluster
+    /// mode the record goes to the cluster's log (`crate::cluster`).
     pub fn admit_as(
+        &self,
+        msg: &mut Message,
+        lane: Option<(u32, String)>,
+        inbound_pid: Option<u16>,
+        on_durable: Option<Callback>,
+    ) -> Result<Admitted, StoreError> {
+        if let Some(c) = self.cluster.get() {
+            return self.cluster_admit(c, msg, lane.is_some(), inbound_pid, on_durable);
+        }
+        self.admit_local(msg, lane, inbound_pid, on_durable)
+    }
+
+    /// [`Broker::admit_as`] into the local log (a single node; cluster mode's replicator).
+    pub(crate) fn admit_local(
         &self,
         msg: &mut Message,
         lane: Option<(u32, String)>,
@@ -98,6 +113,9 @@ impl Broker {
     pub fn admit_quiet(&self, msgs: &mut [Message]) -> Result<(), StoreError> {
         if msgs.is_empty() {
             return Ok(());
+        }
+        if let Some(c) = self.cluster.get() {
+            return self.cluster_admit_quiet(c, msgs);
         }
         let recs: Vec<RecordIn> = msgs
             .iter()
@@ -126,6 +144,12 @@ impl Broker {
         let mut dropped = 0u64;
         let (mut payload_bytes, mut unmatched) = (0u64, 0u64);
         let n = msgs.len() as u64;
+        if msgs.first().is_some_and(|m| m.forwarded) {
+            // Cluster mode: every node delivers them as it reads them from the cluster's log.
+            let bytes = msgs.iter().map(|m| m.payload.len() as u64).sum();
+            self.stats.received_many(QoS::AtMostOnce, n, bytes);
+            return 0;
+        }
         let router = self.router.read().unwrap_or_else(|e| e.into_inner());
         for m in msgs {
             let msg = Arc::new(m);
@@ -268,6 +292,10 @@ impl Broker {
         mut deferred: Option<&mut Vec<Op>>,
         cache: Option<&mut RouteCache>,
     ) -> Ingested {
+        if msg.forwarded {
+            // Cluster mode: the replicator of every node delivers it (`crate::cluster`).
+            return Ingested { matched: true };
+        }
         let stored = msg.offset != NOT_STORED;
         let mut effects = false;
         let mut submit = |op: Op| match deferred.as_mut() {
@@ -451,9 +479,14 @@ impl Broker {
             Admitted::Refused { why, .. } => return Err(PublishError::Invalid(why)),
         }
         let in_lane = m.in_lane;
-        let offset = m.offset;
+        let mut offset = m.offset;
         match rx.recv_timeout(std::time::Duration::from_secs(10)) {
-            Ok(Ok(_)) => {}
+            // Cluster mode: the offset is known once the cluster's log stored it.
+            Ok(Ok(o)) => {
+                if offset == NOT_STORED {
+                    offset = o;
+                }
+            }
             Ok(Err(e)) => {
                 return Err(PublishError::Unavailable(format!(
                     "the message was not stored: {e}"

@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod anyhow_lite;
 pub mod broker;
+pub mod cluster;
 pub mod config;
 pub mod config_lines;
 pub mod connection;

@@ -79,6 +79,26 @@ impl Server {
             None
         };
         let auth = crate::broker::Auth::load(&config.server).map_err(anyhow_lite::Error)?;
+        // Cluster mode: the NATS servers and the log stream before storage (an empty local
+        // log starts where the cluster's log starts).
+        let cluster = if config.cluster.enabled() {
+            let c = crate::cluster::Cluster::connect(&config.cluster)
+                .await
+                .map_err(|e| anyhow_lite::Error(format!("cluster: {e}")))?;
+            let state = c
+                .link
+                .state()
+                .await
+                .map_err(|e| anyhow_lite::Error(format!("cluster: {e}")))?;
+            info!(node = %config.cluster.node_id, stream = %config.cluster.stream,
+                first_seq = state.first_seq, last_seq = state.last_seq, "cluster: joined");
+            Some((c, state))
+        } else {
+            None
+        };
+        let base = cluster
+            .as_ref()
+            .map_or(0, |(_, s)| crate::cluster::base_offset(*s));
         let data_dir = config.server.data_dir.clone();
         let storage = config.storage.clone();
         let persist = tokio::task::spawn_blocking(move || {
@@ -88,7 +108,7 @@ impl Server {
                     data_dir.display()
                 ))
             })?;
-            crate::persist::Persist::open(&data_dir, &storage).map_err(|e| {
+            crate::persist::Persist::open_at(&data_dir, &storage, base).map_err(|e| {
                 anyhow_lite::Error(format!(
                     "cannot open storage in {}: {e}",
                     data_dir.display()
@@ -97,6 +117,12 @@ impl Server {
         })
         .await
         .map_err(|e| anyhow_lite::Error(e.to_string()))??;
+        if let Some((_, state)) = &cluster {
+            if let Err(why) = crate::cluster::check_alignment(persist.store.next_offset(), *state) {
+                persist.close();
+                return Err(anyhow_lite::Error(format!("cluster: {why}")));
+            }
+        }
         let streams = {
             let p = persist.clone();
             let settings = config.streams_config.clone();
@@ -137,6 +163,9 @@ impl Server {
         lite.warn_overlaps();
         let lite = Arc::new(crate::lite::Lite::new(lite, &config.lite));
         let broker = Broker::new(config, persist, auth, streams, lite);
+        if let Some((c, _)) = cluster {
+            let _ = broker.cluster.set(c);
+        }
         let weak: std::sync::Weak<Broker> = Arc::downgrade(&broker);
         let host: std::sync::Weak<dyn crate::lite::Ingest> = weak;
         broker
@@ -165,6 +194,9 @@ impl Server {
             "state restored"
         );
         crate::connection::start_restored_timers(&broker, restored);
+        if broker.clustered() {
+            crate::cluster::spawn_replicator(broker.clone());
+        }
         crate::retention::spawn(broker.clone());
         spawn_stream_gc(broker.clone());
         let tracker = Arc::new(ConnTracker::default());

@@ -58,6 +58,9 @@ pub use crate::message::LaneTag;
 /// (it never keeps the broker alive).
 pub trait Ingest: Send + Sync {
     fn ingest_stored(&self, msg: Arc<Message>);
+    /// Cluster mode: publish a message of the dispatcher's own (a dead letter) through the
+    /// cluster's log and return true; false on a single node (the caller appends it).
+    fn publish_clustered(&self, msg: &Message) -> bool;
 }
 
 /// Where a new group starts.
@@ -1179,6 +1182,13 @@ impl Dispatcher {
             props,
             "$lanemq".into(),
         );
+        if self
+            .host
+            .upgrade()
+            .is_some_and(|h| h.publish_clustered(&msg))
+        {
+            return;
+        }
         let rec_in = crate::persist::record_in(&msg, None);
         let tx = self.tx.clone();
         let (otx, orx) = mpsc::channel::<Result<(), ()>>();

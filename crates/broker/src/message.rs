@@ -27,6 +27,9 @@ pub struct Message {
     pub username: Option<Arc<str>>,
     /// Stored in a lane (its groups consume it later: a publisher is not told 0x10).
     pub in_lane: bool,
+    /// Cluster mode: handed to the cluster's log; every node (this one too) delivers it
+    /// when it reads it back (`crate::cluster`), so the publisher's side does not route it.
+    pub forwarded: bool,
 }
 
 /// `Message::offset` of a message that is not in the log.
@@ -72,6 +75,7 @@ impl Message {
             offset: NOT_STORED,
             username: None,
             in_lane: false,
+            forwarded: false,
         }
     }
 
@@ -96,6 +100,7 @@ impl Message {
             offset: r.offset,
             username: r.properties.username.as_deref().map(Arc::from),
             in_lane: false,
+            forwarded: false,
         }
     }
 

@@ -377,7 +377,17 @@ pub enum PersistError {
 impl Persist {
     /// Open the log and the index under `data_dir` (blocking; call from a blocking thread).
     pub fn open(data_dir: &Path, cfg: &StorageConfig) -> Result<Arc<Persist>, PersistError> {
+        Persist::open_at(data_dir, cfg, 0)
+    }
+
+    /// [`Persist::open`]; a log with no segment yet starts at `base_offset` (cluster mode).
+    pub fn open_at(
+        data_dir: &Path,
+        cfg: &StorageConfig,
+        base_offset: u64,
+    ) -> Result<Arc<Persist>, PersistError> {
         let mut opts = StoreOptions::new(data_dir);
+        opts.base_offset = base_offset;
         opts.fsync = match cfg.fsync {
             FsyncMode::Always => lanemq_store::FsyncPolicy::Always,
             FsyncMode::Interval => {

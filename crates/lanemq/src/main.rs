@@ -140,6 +140,18 @@ struct ServeArgs {
     /// `off` to disable it.
     #[arg(long, env = "LANEMQ_HTTP", value_name = "ADDR|off")]
     http: Option<HttpArg>,
+    /// Cluster mode on NATS JetStream: the servers, comma-separated (overrides
+    /// cluster.servers; docs/cluster.md).
+    #[arg(
+        long,
+        env = "LANEMQ_CLUSTER",
+        value_name = "nats://HOST:PORT[,...]",
+        value_delimiter = ','
+    )]
+    cluster: Option<Vec<String>>,
+    /// This node's name in the cluster (overrides cluster.node_id).
+    #[arg(long, env = "LANEMQ_NODE_ID")]
+    node_id: Option<String>,
 }
 
 /// `--http`: an address, or `off`.
@@ -249,6 +261,16 @@ fn serve(args: ServeArgs) -> Result<()> {
             config.admin.bind = addr;
         }
         None => {}
+    }
+    if let Some(servers) = args.cluster {
+        config.cluster.servers = servers
+            .into_iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+    }
+    if let Some(id) = args.node_id {
+        config.cluster.node_id = id;
     }
     config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     match fd_limit::raise() {

@@ -64,6 +64,9 @@ pub enum StoreError {
     /// Options that cannot work together.
     #[error("invalid store options: {0}")]
     InvalidOptions(String),
+    /// Cluster mode: the cluster's log (JetStream) did not store a record handed to it.
+    #[error("the cluster did not store the record: {0}")]
+    Cluster(String),
     /// The store was closed.
     #[error("store is closed")]
     Closed,

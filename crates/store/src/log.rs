@@ -97,6 +97,9 @@ pub struct StoreOptions {
     pub retention_max_age: Option<Duration>,
     /// Retention: delete front segments while the log is larger than this.
     pub retention_max_bytes: Option<u64>,
+    /// First offset of a log that has no segment yet (cluster mode: a node joining a
+    /// cluster whose log no longer starts at 0). Ignored when segments exist. Default 0.
+    pub base_offset: u64,
 }
 
 impl StoreOptions {
@@ -115,6 +118,7 @@ impl StoreOptions {
             truncate_corrupt: false,
             retention_max_age: None,
             retention_max_bytes: None,
+            base_offset: 0,
         }
     }
 
@@ -1561,7 +1565,7 @@ fn recover(
             .map_err(|e| StoreError::io("fsync directory", dir, e))?;
     }
     if segments.is_empty() {
-        segments.push(create_segment(fs, dir, 0)?);
+        segments.push(create_segment(fs, dir, opts.base_offset)?);
     }
     // The last segment is written to again: its .idx (if a crash left one) is stale. Also
     // drop .idx files of segments that no longer exist.

@@ -350,7 +350,11 @@ impl Conn {
                 let offset = msg.offset;
                 durable = true;
                 code = self.deliver(msg, None);
-                if let (Owed::PubRec(pid), true) = (e.ack, self.persistent()) {
+                if let (Owed::PubRec(pid), true, false) = (
+                    e.ack,
+                    self.persistent(),
+                    offset == crate::message::NOT_STORED,
+                ) {
                     self.broker.persist.submit(Op::InboundAdd {
                         client: self.client_id.clone(),
                         pid,

@@ -1,0 +1,419 @@
+//! Cluster mode (`[cluster]`, `docs/cluster.md`): the broker's side of the shared log on NATS
+//! JetStream ([`lanemq_cluster::Link`]).
+//!
+//! In cluster mode the JetStream stream is the log and each node's local log is a replica of
+//! it, offset for offset (stream sequence `s` is local offset `s - 1`):
+//! - a message a client (or a will, or the REST API) publishes on any node is encoded as a log
+//!   record and handed to the link instead of the local log ([`Broker::cluster_admit`]); its
+//!   `on_durable` callback fires when JetStream acknowledged it with the stream's
+//!   replication, and the message is marked `forwarded`, so the publisher's side does not
+//!   route it;
+//! - one task per node, the replicator ([`spawn_replicator`]), reads the stream in order from
+//!   the local log's end and appends each record locally at the same offset (lanes get their
+//!   lane offsets under the local append lock, as on a single node), then delivers it to this
+//!   node's sessions once the local record is durable (a QoS 0 message with nothing waiting
+//!   before it at once), updates the retained table and wakes the stream indexer and the lane
+//!   dispatcher. Every node reads the same records in the same order, so retained messages,
+//!   named streams and their `stream-offset` values are the same on every node.
+//!
+//! Invariants:
+//! - in cluster mode nothing but the replicator appends to the local log; an offset the
+//!   replicator did not expect stops it (fail-stop, logged), since a replica that lost its
+//!   alignment would deliver the wrong messages;
+//! - a record that is not a lanemq record (something else published on the log's subjects) is
+//!   stored as an empty `$lanemq/void` record, never delivered, so offsets stay aligned.
+
+use crate::broker::Broker;
+use crate::ingest::Admitted;
+use crate::message::{Message, NOT_STORED};
+use bytes::Bytes;
+use lanemq_cluster::{ClusterError, Done, Link, LinkOptions};
+use lanemq_store::{Callback, RecordIn, StoreError};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// The topic of the placeholder record stored for a stream message that is not a lanemq record.
+pub const VOID_TOPIC: &str = "$lanemq/void";
+
+/// Cluster mode's state in the broker.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The link to JetStream.
+    pub link: Link,
+    /// Records handed to the link.
+    pub published: AtomicU64,
+    /// Records the replicator appended to the local log.
+    pub replicated: AtomicU64,
+    /// Records JetStream did not store (their connections were closed unacknowledged).
+    pub publish_failures: AtomicU64,
+    /// The replicator stopped on a misaligned offset (fail-stop).
+    pub failed: AtomicBool,
+}
+
+impl Cluster {
+    /// Connect to the cluster named in `cfg` (blocks up to its `connect_timeout_ms`).
+    pub async fn connect(cfg: &crate::config::ClusterConfig) -> Result<Cluster, ClusterError> {
+        let opts = LinkOptions {
+            servers: cfg.servers.clone(),
+            node_id: cfg.node_id.clone(),
+            stream: cfg.stream.clone(),
+            subject_prefix: cfg.subject_prefix.clone(),
+            replicas: cfg.replicas,
+            max_age: Duration::ZERO,
+            max_bytes: 0,
+            publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
+            queue_records: 16_384,
+        };
+        let link = Link::connect(opts, Duration::from_millis(cfg.connect_timeout_ms)).await?;
+        Ok(Cluster {
+            link,
+            published: AtomicU64::new(0),
+            replicated: AtomicU64::new(0),
+            publish_failures: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+        })
+    }
+}
+
+/// The log offset an empty local log starts at to join the cluster, or why this node's log
+/// cannot be a replica of the cluster's.
+pub fn base_offset(state: lanemq_cluster::StreamState) -> u64 {
+    if state.last_seq == 0 {
+        0
+    } else {
+        state.first_seq.saturating_sub(1)
+    }
+}
+
+/// Check that the local log (`first..next`) can follow the cluster's stream.
+pub fn check_alignment(local_next: u64, state: lanemq_cluster::StreamState) -> Result<(), String> {
+    let cluster_next = state.last_seq;
+    if local_next > cluster_next {
+        return Err(format!(
+            "this node's log holds offsets up to {} but the cluster's log ends at offset {} \
+             (stream sequence {}): the data directory belongs to another log (a single-node \
+             broker, or a stream that was deleted); start this node with an empty data directory",
+            local_next.saturating_sub(1),
+            cluster_next as i64 - 1,
+            state.last_seq
+        ));
+    }
+    let cluster_first = state.first_seq.saturating_sub(1);
+    if local_next < cluster_first {
+        return Err(format!(
+            "this node's log ends at offset {local_next} but the cluster's log now starts at \
+             offset {cluster_first}: the records between were removed by the stream's limits \
+             before this node read them; start this node with an empty data directory"
+        ));
+    }
+    Ok(())
+}
+
+/// The record a message is published as (the local log's encoding, offset 0).
+fn encode(msg: &Message, pid: Option<u16>) -> Result<Bytes, StoreError> {
+    let rec = crate::persist::record_in(msg, pid);
+    lanemq_store::record::encode_record(0, msg.timestamp_us, rec)
+        .map(Bytes::from)
+        .map_err(|why| StoreError::Cluster(format!("cannot encode the record: {why}")))
+}
+
+impl Broker {
+    /// Cluster mode is on.
+    pub fn clustered(&self) -> bool {
+        self.cluster.get().is_some()
+    }
+
+    /// Cluster mode's [`Broker::admit_as`]: hand the record to the cluster's log. The message
+    /// is marked `forwarded` (the replicator delivers it on every node); `on_durable` fires
+    /// with its log offset once JetStream stored it.
+    pub(crate) fn cluster_admit(
+        &self,
+        cluster: &Cluster,
+        msg: &mut Message,
+        lane: bool,
+        inbound_pid: Option<u16>,
+        on_durable: Option<Callback>,
+    ) -> Result<Admitted, StoreError> {
+        msg.in_lane = lane;
+        msg.forwarded = true;
+        let payload = encode(msg, inbound_pid)?;
+        let done: Option<Done> = on_durable.map(|cb| {
+            let c: Done = Box::new(move |r: Result<u64, ClusterError>| {
+                cb(r.map(|seq| seq.saturating_sub(1))
+                    .map_err(|e| StoreError::Cluster(e.to_string())));
+            });
+            c
+        });
+        self.cluster_send(cluster, &msg.topic, payload, done)?;
+        Ok(Admitted::Stored(NOT_STORED))
+    }
+
+    /// Hand one encoded record to the link, waiting (off the runtime's hot path) while its
+    /// queue is full.
+    fn cluster_send(
+        &self,
+        cluster: &Cluster,
+        topic: &str,
+        payload: Bytes,
+        done: Option<Done>,
+    ) -> Result<(), StoreError> {
+        cluster.published.fetch_add(1, Ordering::Relaxed);
+        match cluster.link.try_publish(topic, payload, done) {
+            Ok(()) => Ok(()),
+            Err((payload, done)) => {
+                let link = cluster.link.clone();
+                tokio::task::block_in_place(move || link.publish_blocking(topic, payload, done))
+                    .map_err(|e| StoreError::Cluster(e.to_string()))
+            }
+        }
+    }
+
+    /// Cluster mode's [`Broker::admit_quiet`]: QoS 0 records nobody waits for, published
+    /// without an ack, in order.
+    pub(crate) fn cluster_admit_quiet(
+        &self,
+        cluster: &Cluster,
+        msgs: &mut [Message],
+    ) -> Result<(), StoreError> {
+        for m in msgs.iter_mut() {
+            m.forwarded = true;
+            let payload = encode(m, None)?;
+            self.cluster_send(cluster, &m.topic, payload, None)?;
+        }
+        Ok(())
+    }
+
+    /// Publish a message built by the broker itself (a dead letter) through the cluster; every
+    /// node stores and delivers it from the log.
+    pub(crate) fn cluster_publish_internal(&self, msg: &Message) {
+        let Some(cluster) = self.cluster.get() else {
+            return;
+        };
+        let payload = match encode(msg, None) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, topic = %msg.topic, "cannot publish to the cluster");
+                return;
+            }
+        };
+        let topic = msg.topic.clone();
+        let done: Done = Box::new(move |r| {
+            if let Err(e) = r {
+                warn!(error = %e, %topic, "the cluster did not store a broker message");
+            }
+        });
+        cluster.published.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = cluster
+            .link
+            .publish_blocking(&msg.topic, payload, Some(done))
+        {
+            warn!(error = %e, "cannot publish to the cluster");
+        }
+    }
+}
+
+/// Completions of local appends the replicator waits for.
+#[derive(Debug, Default)]
+struct Completions {
+    ok: AtomicU64,
+    failed: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+/// Start the replicator: the stream read in order from the local log's end, appended locally
+/// and delivered to this node's sessions.
+pub fn spawn_replicator(broker: Arc<Broker>) {
+    tokio::spawn(async move {
+        if let Err(why) = replicate(&broker).await {
+            if let Some(c) = broker.cluster.get() {
+                c.failed.store(true, Ordering::SeqCst);
+            }
+            error!(%why, "cluster: the replicator stopped; this node no longer delivers the cluster's messages");
+        }
+    });
+}
+
+async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
+    let Some(cluster) = broker.cluster.get() else {
+        return Ok(());
+    };
+    let link = cluster.link.clone();
+    let store = broker.persist.store.clone();
+    let low = broker.persist.register_low();
+    let done = Arc::new(Completions::default());
+    let mut completed: u64 = 0;
+    let mut pending: VecDeque<Arc<Message>> = VecDeque::new();
+    let mut shutdown = broker.shutdown_signal();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        if broker.is_shutting_down() {
+            return Ok(());
+        }
+        let from = store.next_offset() + 1;
+        let mut feed = match link.feed(from).await {
+            Ok(f) => {
+                info!(from_seq = from, "cluster: reading the log");
+                pause = Duration::from_millis(100);
+                f
+            }
+            Err(e) => {
+                warn!(error = %e, "cluster: cannot read the log; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = shutdown.changed() => return Ok(()),
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        loop {
+            let notified = done.notify.notified();
+            tokio::select! {
+                entry = feed.next() => match entry {
+                    Some(Ok(e)) => apply(broker, &done, &mut pending, &low, e)?,
+                    Some(Err(e)) => {
+                        warn!(error = %e, "cluster: reading the log failed; reading again");
+                        break;
+                    }
+                    None => break,
+                },
+                _ = notified => {}
+                _ = shutdown.changed() => return Ok(()),
+            }
+            deliver_completed(broker, &done, &mut completed, &mut pending, &low)?;
+        }
+    }
+}
+
+/// Append one record of the stream to the local log at its offset.
+fn apply(
+    broker: &Arc<Broker>,
+    done: &Arc<Completions>,
+    pending: &mut VecDeque<Arc<Message>>,
+    low: &AtomicU64,
+    e: lanemq_cluster::Entry,
+) -> Result<(), String> {
+    let store = &broker.persist.store;
+    let expected = store.next_offset();
+    let offset = e.seq.saturating_sub(1);
+    if offset < expected {
+        return Ok(()); // already here (the feed was restarted)
+    }
+    if offset > expected {
+        return Err(format!(
+            "the cluster's log skipped from offset {expected} to {offset} (its limits removed \
+             records this node had not read); restart this node with an empty data directory"
+        ));
+    }
+    let (mut msg, pid) = match lanemq_store::record::decode_record(e.payload) {
+        Ok(rec) => {
+            let pid = rec
+                .index_hints
+                .iter()
+                .find(|h| h.kind == crate::persist::HINT_PACKET_ID)
+                .and_then(|h| u16::try_from(h.id).ok());
+            (Message::from_record(&rec), pid)
+        }
+        Err(why) => {
+            warn!(seq = e.seq, why, "cluster: a message on the log's subjects is not a lanemq record; stored as {VOID_TOPIC}");
+            let mut m = Message::new(
+                VOID_TOPIC.into(),
+                Bytes::new(),
+                lanemq_protocol::QoS::AtMostOnce,
+                false,
+                Default::default(),
+                "$lanemq".into(),
+            );
+            m.offset = NOT_STORED;
+            let rec: RecordIn = crate::persist::record_in(&m, None);
+            let got = store
+                .append(rec, Box::new(|_| {}))
+                .map_err(|e| format!("local log: {e}"))?;
+            if got != offset {
+                return Err(format!("local log appended at {got}, expected {offset}"));
+            }
+            return Ok(());
+        }
+    };
+    msg.offset = NOT_STORED;
+    // A lane's record gets its lane offset here, as on a single node; a topic the lite layer
+    // refuses here (its quota differs from the origin's) is stored as a plain record.
+    let lane = broker.classify(&msg.topic).unwrap_or(None);
+    let quiet = msg.qos == lanemq_protocol::QoS::AtMostOnce && !msg.retain && lane.is_none();
+    let now = quiet && pending.is_empty();
+    let cb: Option<Callback> = if now {
+        None
+    } else {
+        let d = done.clone();
+        Some(Box::new(move |r| {
+            match r {
+                Ok(_) => {
+                    d.ok.fetch_add(1, Ordering::Release);
+                }
+                Err(_) => d.failed.store(true, Ordering::Release),
+            }
+            d.notify.notify_one();
+        }))
+    };
+    if pending.is_empty() && !now {
+        low.store(expected, Ordering::SeqCst);
+    }
+    let got = match broker
+        .admit_local(&mut msg, lane, pid, cb)
+        .map_err(|e| format!("local log: {e}"))?
+    {
+        Admitted::Stored(o) => o,
+        Admitted::Refused { why, .. } => return Err(format!("local log refused a record: {why}")),
+    };
+    if got != offset {
+        return Err(format!(
+            "the local log appended at offset {got} but the cluster's record is at {offset}"
+        ));
+    }
+    msg.offset = got;
+    if let Some(c) = broker.cluster.get() {
+        c.replicated.fetch_add(1, Ordering::Relaxed);
+    }
+    let msg = Arc::new(msg);
+    if now {
+        broker.deliver(msg);
+        broker.committed();
+    } else {
+        pending.push_back(msg);
+    }
+    Ok(())
+}
+
+/// Deliver, in order, the pending records the local log has made durable.
+fn deliver_completed(
+    broker: &Arc<Broker>,
+    done: &Completions,
+    completed: &mut u64,
+    pending: &mut VecDeque<Arc<Message>>,
+    low: &AtomicU64,
+) -> Result<(), String> {
+    if done.failed.load(Ordering::Acquire) {
+        return Err("the local log refused a write".into());
+    }
+    let ok = done.ok.load(Ordering::Acquire);
+    let mut any = false;
+    while *completed < ok {
+        let Some(msg) = pending.pop_front() else {
+            break;
+        };
+        *completed += 1;
+        broker.deliver(msg);
+        any = true;
+    }
+    if any {
+        broker.committed();
+    }
+    low.store(
+        pending.front().map_or(u64::MAX, |m| m.offset),
+        Ordering::SeqCst,
+    );
+    Ok(())
+}

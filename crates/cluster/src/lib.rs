@@ -1,0 +1,552 @@
+//! Cluster mode's link to NATS JetStream: the shared log of every lanemq node of a cluster is
+//! one replicated JetStream stream.
+//!
+//! What this crate owns:
+//! - the connection to the NATS servers (reconnecting on its own, across the listed servers);
+//! - the log stream (`cluster.stream`, default `LANEMQ_LOG`): created when missing with the
+//!   configured replicas, file storage, limits retention; its subjects are
+//!   `<subject_prefix>.<escaped topic>` ([`subject_for`]);
+//! - publishing records in the order they are handed over ([`Link::publish`]): one sender
+//!   task takes them from a channel, so the stream holds one node's records in the order that
+//!   node accepted them. A record someone waits for (QoS 1/2, retained, lanes, wills) is
+//!   published with a `Nats-Msg-Id` and its callback fires with the stream sequence once
+//!   JetStream acknowledged it with the stream's replication; an ack that times out is
+//!   retried with the same id (JetStream's duplicate window drops a second copy) until
+//!   `publish_timeout`. A record nobody waits for (QoS 0) is published without an ack;
+//! - reading the stream in order from a sequence ([`Link::feed`]), with an ordered consumer
+//!   that the client recreates on a gap.
+//!
+//! The crate knows nothing of MQTT or of the record format: it carries opaque bytes. The
+//! broker puts one encoded log record in each message (`crates/broker/src/cluster.rs`).
+//!
+//! Invariants: the stream's sequences are dense (nothing is deleted but from its head by its
+//! limits), so sequence `s` is log offset `s - 1` on every node.
+
+use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// Errors of the cluster link.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClusterError {
+    /// Connecting to the NATS servers failed.
+    #[error("cannot connect to the NATS servers {servers}: {why}")]
+    Connect {
+        /// The servers tried.
+        servers: String,
+        /// What failed.
+        why: String,
+    },
+    /// Creating or checking the log stream failed.
+    #[error("JetStream stream {stream}: {why}")]
+    Stream {
+        /// Stream name.
+        stream: String,
+        /// What failed.
+        why: String,
+    },
+    /// A record was not acknowledged by JetStream within `publish_timeout`.
+    #[error("JetStream did not store the record: {0}")]
+    Publish(String),
+    /// Reading the stream failed.
+    #[error("reading the JetStream stream: {0}")]
+    Feed(String),
+    /// The link is closed (the broker is stopping).
+    #[error("the cluster link is closed")]
+    Closed,
+}
+
+/// Settings of the link (`[cluster]` in the broker's configuration).
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    /// NATS server URLs, e.g. `nats://127.0.0.1:4222`.
+    pub servers: Vec<String>,
+    /// This node's name: the NATS connection name and the prefix of its message ids.
+    pub node_id: String,
+    /// The JetStream stream that holds the log.
+    pub stream: String,
+    /// First token(s) of the log's subjects.
+    pub subject_prefix: String,
+    /// Replicas of the stream when this node creates it (1..=5).
+    pub replicas: usize,
+    /// The stream's `max_age` (zero: none).
+    pub max_age: Duration,
+    /// The stream's `max_bytes` (zero: none).
+    pub max_bytes: u64,
+    /// How long a record may wait for JetStream's ack, retries included.
+    pub publish_timeout: Duration,
+    /// Records handed over but not yet sent, at most (the publisher waits beyond).
+    pub queue_records: usize,
+}
+
+/// What happens once JetStream has a record: `Ok(stream sequence)` or why not.
+pub type Done = Box<dyn FnOnce(Result<u64, ClusterError>) + Send>;
+
+/// One record to publish.
+struct Out {
+    subject: String,
+    payload: Bytes,
+    /// `None`: nobody waits (published without an ack).
+    done: Option<Done>,
+}
+
+/// A record of the stream, in order.
+#[derive(Debug)]
+pub struct Entry {
+    /// Stream sequence (log offset + 1).
+    pub seq: u64,
+    /// The bytes given to [`Link::publish`].
+    pub payload: Bytes,
+}
+
+/// State of the log stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamState {
+    /// First sequence still in the stream (`last + 1` when empty).
+    pub first_seq: u64,
+    /// Last sequence appended (0 when nothing ever was).
+    pub last_seq: u64,
+    /// Messages in the stream.
+    pub messages: u64,
+}
+
+/// The connection to the cluster's JetStream.
+#[derive(Clone)]
+pub struct Link {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    opts: LinkOptions,
+    tx: mpsc::Sender<Out>,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("servers", &self.opts.servers)
+            .field("node_id", &self.opts.node_id)
+            .field("stream", &self.opts.stream)
+            .finish()
+    }
+}
+
+/// The subject of a record of `topic`: each topic level becomes one token, escaped so that
+/// the mapping is reversible ([`topic_of`]): `%` `.` `*` `>` and bytes at or below space are
+/// written `%XX`; an empty level is `%`.
+pub fn subject_for(prefix: &str, topic: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + topic.len() + 8);
+    s.push_str(prefix);
+    for level in topic.split('/') {
+        s.push('.');
+        if level.is_empty() {
+            s.push('%');
+            continue;
+        }
+        for c in level.chars() {
+            match c {
+                '%' | '.' | '*' | '>' | '\u{0}'..=' ' | '\u{7f}' => {
+                    let mut b = [0u8; 4];
+                    for byte in c.encode_utf8(&mut b).bytes() {
+                        s.push_str(&format!("%{byte:02X}"));
+                    }
+                }
+                c => s.push(c),
+            }
+        }
+    }
+    s
+}
+
+/// The topic of a subject made by [`subject_for`] with `prefix`; `None` if it is not one.
+pub fn topic_of(prefix: &str, subject: &str) -> Option<String> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    let mut levels = Vec::new();
+    for token in rest.split('.') {
+        if token == "%" {
+            levels.push(String::new());
+            continue;
+        }
+        let mut bytes = Vec::with_capacity(token.len());
+        let mut it = token.bytes();
+        while let Some(b) = it.next() {
+            if b == b'%' {
+                let hex = [it.next()?, it.next()?];
+                let hex = std::str::from_utf8(&hex).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            } else {
+                bytes.push(b);
+            }
+        }
+        levels.push(String::from_utf8(bytes).ok()?);
+    }
+    Some(levels.join("/"))
+}
+
+impl Link {
+    /// Connect to the servers (retrying while `connect_timeout` lasts) and make sure the log
+    /// stream exists. An existing stream is used as it is (its replicas and limits are its
+    /// own); its subjects must cover `<subject_prefix>.>`.
+    pub async fn connect(
+        opts: LinkOptions,
+        connect_timeout: Duration,
+    ) -> Result<Link, ClusterError> {
+        let servers = opts.servers.join(",");
+        let addrs: Vec<async_nats::ServerAddr> = opts
+            .servers
+            .iter()
+            .map(|s| {
+                s.parse().map_err(|e| ClusterError::Connect {
+                    servers: servers.clone(),
+                    why: format!("{s:?}: {e}"),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let connect = async_nats::ConnectOptions::new()
+            .name(format!("lanemq {}", opts.node_id))
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(2))
+            .event_callback(|ev| async move {
+                match ev {
+                    async_nats::Event::Disconnected => warn!("cluster: disconnected from NATS"),
+                    async_nats::Event::Connected => tracing::info!("cluster: connected to NATS"),
+                    other => debug!(event = %other, "cluster: NATS event"),
+                }
+            })
+            .connect(addrs);
+        let client = tokio::time::timeout(connect_timeout, connect)
+            .await
+            .map_err(|_| ClusterError::Connect {
+                servers: servers.clone(),
+                why: format!("no server answered within {connect_timeout:?}"),
+            })?
+            .map_err(|e| ClusterError::Connect {
+                servers: servers.clone(),
+                why: e.to_string(),
+            })?;
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(5))
+            .ack_timeout(Duration::from_secs(5))
+            .max_ack_inflight(16_384)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        let (tx, rx) = mpsc::channel(opts.queue_records.max(1));
+        let link = Link {
+            client,
+            js,
+            opts,
+            tx,
+        };
+        let deadline = tokio::time::Instant::now() + connect_timeout;
+        loop {
+            match link.ensure_stream().await {
+                Ok(()) => break,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    debug!(error = %e, "cluster: stream not ready yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        tokio::spawn(sender(link.clone(), rx));
+        Ok(link)
+    }
+
+    /// This link's settings.
+    pub fn options(&self) -> &LinkOptions {
+        &self.opts
+    }
+
+    async fn ensure_stream(&self) -> Result<(), ClusterError> {
+        let o = &self.opts;
+        let err = |why: String| ClusterError::Stream {
+            stream: o.stream.clone(),
+            why,
+        };
+        let want = format!("{}.>", o.subject_prefix);
+        let cfg = stream::Config {
+            name: o.stream.clone(),
+            subjects: vec![want.clone()],
+            num_replicas: o.replicas,
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::Limits,
+            discard: stream::DiscardPolicy::Old,
+            max_age: o.max_age,
+            max_bytes: i64::try_from(o.max_bytes)
+                .ok()
+                .filter(|b| *b > 0)
+                .unwrap_or(-1),
+            max_messages: -1,
+            max_messages_per_subject: -1,
+            max_message_size: -1,
+            duplicate_window: Duration::from_secs(120),
+            deny_delete: true,
+            ..Default::default()
+        };
+        let mut s = self
+            .js
+            .get_or_create_stream(cfg)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let info = s.info().await.map_err(|e| err(e.to_string()))?;
+        if !info.config.subjects.iter().any(|x| *x == want || x == ">") {
+            return Err(err(format!(
+                "its subjects {:?} do not cover {want:?}",
+                info.config.subjects
+            )));
+        }
+        Ok(())
+    }
+
+    /// The stream's first and last sequence now.
+    pub async fn state(&self) -> Result<StreamState, ClusterError> {
+        let mut s = self
+            .js
+            .get_stream(&self.opts.stream)
+            .await
+            .map_err(|e| ClusterError::Feed(e.to_string()))?;
+        let info = s
+            .info()
+            .await
+            .map_err(|e| ClusterError::Feed(e.to_string()))?;
+        Ok(StreamState {
+            first_seq: info.state.first_sequence,
+            last_seq: info.state.last_sequence,
+            messages: info.state.messages,
+        })
+    }
+
+    /// Hand a record over for publishing under the subject of `topic`. Records are published
+    /// in the order of the calls. `done` (if any) fires with the stream sequence once
+    /// JetStream acknowledged it, or with the error that kept it from being stored. Waits
+    /// only while `queue_records` records are queued.
+    pub async fn publish(
+        &self,
+        topic: &str,
+        payload: Bytes,
+        done: Option<Done>,
+    ) -> Result<(), ClusterError> {
+        let out = Out {
+            subject: subject_for(&self.opts.subject_prefix, topic),
+            payload,
+            done,
+        };
+        self.tx.send(out).await.map_err(|_| ClusterError::Closed)
+    }
+
+    /// [`Link::publish`] without waiting: `Err` gives the record back when the queue is full
+    /// (or the link closed).
+    pub fn try_publish(
+        &self,
+        topic: &str,
+        payload: Bytes,
+        done: Option<Done>,
+    ) -> Result<(), (Bytes, Option<Done>)> {
+        let out = Out {
+            subject: subject_for(&self.opts.subject_prefix, topic),
+            payload,
+            done,
+        };
+        self.tx.try_send(out).map_err(|e| {
+            let out = match e {
+                mpsc::error::TrySendError::Full(o) | mpsc::error::TrySendError::Closed(o) => o,
+            };
+            (out.payload, out.done)
+        })
+    }
+
+    /// [`Link::publish`] from a thread outside the runtime (blocks while the queue is full).
+    pub fn publish_blocking(
+        &self,
+        topic: &str,
+        payload: Bytes,
+        done: Option<Done>,
+    ) -> Result<(), ClusterError> {
+        let out = Out {
+            subject: subject_for(&self.opts.subject_prefix, topic),
+            payload,
+            done,
+        };
+        self.tx.blocking_send(out).map_err(|_| ClusterError::Closed)
+    }
+
+    /// Read the stream in order from sequence `from` (at least 1).
+    pub async fn feed(&self, from: u64) -> Result<Feed, ClusterError> {
+        let s = self
+            .js
+            .get_stream(&self.opts.stream)
+            .await
+            .map_err(|e| ClusterError::Feed(e.to_string()))?;
+        let c = s
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from.max(1),
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| ClusterError::Feed(e.to_string()))?;
+        let messages = c
+            .messages()
+            .await
+            .map_err(|e| ClusterError::Feed(e.to_string()))?;
+        Ok(Feed { messages })
+    }
+
+    /// Wait until everything handed over so far has been written to the NATS connection.
+    pub async fn flush(&self) -> Result<(), ClusterError> {
+        self.client
+            .flush()
+            .await
+            .map_err(|e| ClusterError::Publish(e.to_string()))
+    }
+}
+
+/// The stream read in order ([`Link::feed`]).
+pub struct Feed {
+    messages: consumer::pull::Ordered,
+}
+
+impl std::fmt::Debug for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Feed")
+    }
+}
+
+impl Feed {
+    /// The next record; `None` when the consumer ended.
+    pub async fn next(&mut self) -> Option<Result<Entry, ClusterError>> {
+        let m = match self.messages.next().await? {
+            Ok(m) => m,
+            Err(e) => return Some(Err(ClusterError::Feed(e.to_string()))),
+        };
+        let seq = match m.info() {
+            Ok(i) => i.stream_sequence,
+            Err(e) => return Some(Err(ClusterError::Feed(e.to_string()))),
+        };
+        Some(Ok(Entry {
+            seq,
+            payload: m.message.payload.clone(),
+        }))
+    }
+}
+
+/// Publishes the records handed over, in order: each send is written to the connection
+/// before the next one is taken; the acks are awaited on their own tasks.
+async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
+    let id_prefix = format!(
+        "{}-{}",
+        link.opts.node_id,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros())
+    );
+    let mut counter: u64 = 0;
+    while let Some(out) = rx.recv().await {
+        let Some(done) = out.done else {
+            if let Err(e) = link.client.publish(out.subject, out.payload).await {
+                warn!(error = %e, "cluster: a QoS 0 record was not sent");
+            }
+            continue;
+        };
+        counter += 1;
+        let id = format!("{id_prefix}-{counter}");
+        let first = link
+            .js
+            .send_publish(
+                out.subject.clone(),
+                PublishMessage::build()
+                    .payload(out.payload.clone())
+                    .message_id(&id),
+            )
+            .await;
+        let retry = Retry {
+            js: link.js.clone(),
+            subject: out.subject,
+            payload: out.payload,
+            id,
+            deadline: tokio::time::Instant::now() + link.opts.publish_timeout,
+        };
+        tokio::spawn(async move {
+            let r = match first {
+                Ok(ack) => match ack.await {
+                    Ok(a) => Ok(a.sequence),
+                    Err(e) => retry.run(e.to_string()).await,
+                },
+                Err(e) => retry.run(e.to_string()).await,
+            };
+            done(r);
+        });
+    }
+}
+
+/// A record whose first publish was not acknowledged: published again with the same message
+/// id until its deadline.
+struct Retry {
+    js: jetstream::Context,
+    subject: String,
+    payload: Bytes,
+    id: String,
+    deadline: tokio::time::Instant,
+}
+
+impl Retry {
+    async fn run(self, mut last: String) -> Result<u64, ClusterError> {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            if tokio::time::Instant::now() + pause >= self.deadline {
+                return Err(ClusterError::Publish(last));
+            }
+            debug!(error = %last, id = %self.id, "cluster: publish not acknowledged; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            let r = self
+                .js
+                .send_publish(
+                    self.subject.clone(),
+                    PublishMessage::build()
+                        .payload(self.payload.clone())
+                        .message_id(&self.id),
+                )
+                .await;
+            match r {
+                Ok(ack) => match ack.await {
+                    Ok(a) => return Ok(a.sequence),
+                    Err(e) => last = e.to_string(),
+                },
+                Err(e) => last = e.to_string(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_round_trip() {
+        for t in [
+            "a/b/c",
+            "sensors/1.5/temp",
+            "/leading",
+            "trailing/",
+            "a//b",
+            "with space/and*star/and>gt/100%",
+            "ünï/cödé",
+            "",
+        ] {
+            let s = subject_for("lanemq.log", t);
+            assert!(
+                !s.contains(' ') && !s.contains('*') && !s.contains('>'),
+                "{s}"
+            );
+            assert!(s.split('.').all(|tok| !tok.is_empty()), "{s}");
+            assert_eq!(topic_of("lanemq.log", &s).as_deref(), Some(t), "{s}");
+        }
+        assert_eq!(subject_for("p", "a/b.c"), "p.a.b%2Ec");
+        assert_eq!(topic_of("p", "q.a"), None);
+    }
+}

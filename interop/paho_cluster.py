@@ -1,0 +1,492 @@
+"""Cluster mode end to end (interop/cluster.sh): three nats-server processes (JetStream,
+cluster routes, the log stream at R3) and three lanemq nodes on loopback, driven with
+paho-mqtt 2.x. Prints PASS:/FAIL: lines; the shell script counts them.
+
+Scenarios:
+  cross_node        QoS 1 from node 1, subscribers on nodes 2 and 3 get every message in order
+  every_node        publishers on all three nodes, a subscriber on each node gets all of them,
+                    in order per publisher
+  retained          a retained message published on node 1 reaches a new subscriber on node 3
+  stream_replay     $stream/<name> with stream-offset=earliest gives the same messages with the
+                    same stream-offset values on every node
+  kill              QoS 1 and QoS 2 load from clients on all nodes; kill -9 of one lanemq node
+                    and of one nats-server, both restarted: every PUBACKed/PUBCOMPed message
+                    reaches the persistent subscribers on the other nodes, QoS 2 without
+                    duplicates, and the restarted node catches up (stream replay identical)
+
+Usage: paho_cluster.py LANEMQ_BIN NATS_SERVER WORK_DIR
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+LANEMQ, NATS, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+RESULTS = []
+
+
+def result(name, ok, why=""):
+    RESULTS.append((name, ok))
+    print(("PASS: " + name) if ok else ("FAIL: %s -- %s" % (name, why)), flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, secs):
+    end = time.time() + secs
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+class Nats:
+    """One nats-server of the three (JetStream, cluster routes)."""
+
+    def __init__(self, i, ports, routes):
+        self.i, self.port, self.route = i, ports[i], routes[i]
+        self.routes = routes
+        self.dir = os.path.join(WORK, "nats%d" % i)
+        os.makedirs(self.dir, exist_ok=True)
+        self.conf = os.path.join(self.dir, "nats.conf")
+        others = ",\n".join(
+            '    "nats-route://127.0.0.1:%d"' % r for j, r in enumerate(routes) if j != i
+        )
+        with open(self.conf, "w") as f:
+            f.write(
+                """server_name: nats%d
+listen: 127.0.0.1:%d
+jetstream {
+  store_dir: "%s/js"
+  max_memory_store: 64MB
+  max_file_store: 2GB
+}
+cluster {
+  name: lanemq
+  listen: 127.0.0.1:%d
+  routes: [
+%s
+  ]
+}
+"""
+                % (i, self.port, self.dir, self.route, others)
+            )
+        self.proc = None
+
+    def start(self):
+        log = open(os.path.join(self.dir, "nats.log"), "ab")
+        self.proc = subprocess.Popen([NATS, "-c", self.conf], stdout=log, stderr=log)
+        if not wait_port(self.port, 15):
+            raise RuntimeError("nats-server %d did not start" % self.i)
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class Node:
+    """One lanemq node in cluster mode."""
+
+    def __init__(self, i, nats_urls):
+        self.i = i
+        self.port = free_port()
+        self.dir = os.path.join(WORK, "lanemq%d" % i)
+        os.makedirs(os.path.join(self.dir, "data"), exist_ok=True)
+        self.conf = os.path.join(self.dir, "lanemq.toml")
+        with open(self.conf, "w") as f:
+            f.write(
+                """[server]
+allow_anonymous = true
+acl_file = "%s/allow.acl"
+
+[admin]
+enable = false
+
+[[streams]]
+name = "all"
+topic_filter = "t/#"
+"""
+                % self.dir
+            )
+        with open(os.path.join(self.dir, "allow.acl"), "w") as f:
+            f.write("allow all subscribe filter:$stream/#\nallow all publish filter:#\nallow all subscribe filter:#\n")
+        self.nats_urls = nats_urls
+        self.proc = None
+
+    def start(self):
+        log = open(os.path.join(self.dir, "lanemq.log"), "ab")
+        env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info"))
+        self.proc = subprocess.Popen(
+            [
+                LANEMQ,
+                "serve",
+                "--config",
+                self.conf,
+                "--mqtt",
+                "127.0.0.1:%d" % self.port,
+                "--data-dir",
+                os.path.join(self.dir, "data"),
+                "--cluster",
+                ",".join(self.nats_urls),
+                "--node-id",
+                "node%d" % self.i,
+            ],
+            stdout=log,
+            stderr=log,
+            env=env,
+        )
+        if not wait_port(self.port, 60):
+            raise RuntimeError("lanemq node %d did not start (see %s)" % (self.i, self.dir))
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def client(cid, port, clean=True, expiry=0, on_message=None):
+    c = mqtt.Client(
+        callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+        client_id=cid,
+        protocol=mqtt.MQTTv5,
+    )
+    if on_message:
+        c.on_message = on_message
+    props = Properties(PacketTypes.CONNECT)
+    if expiry:
+        props.SessionExpiryInterval = expiry
+    c.connect("127.0.0.1", port, keepalive=30, clean_start=clean, properties=props)
+    c.loop_start()
+    return c
+
+
+class Collector:
+    """Messages a subscriber received: (topic, payload, user properties)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.msgs = []
+
+    def __call__(self, c, u, m):
+        with self.lock:
+            ups = dict(m.properties.UserProperty) if hasattr(m.properties, "UserProperty") else {}
+            self.msgs.append((m.topic, m.payload.decode(), ups, m.qos))
+
+    def count(self):
+        with self.lock:
+            return len(self.msgs)
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.msgs)
+
+
+def subscribe(c, flt, qos, props=None):
+    done = threading.Event()
+    c.on_subscribe = lambda *a: done.set()
+    c.subscribe(flt, qos=qos, properties=props)
+    done.wait(10)
+
+
+def wait_count(col, n, secs):
+    end = time.time() + secs
+    while time.time() < end and col.count() < n:
+        time.sleep(0.05)
+    return col.count()
+
+
+def publish_all(c, topic_fmt, n, qos):
+    infos = []
+    for k in range(n):
+        infos.append(c.publish(topic_fmt % k if "%" in topic_fmt else topic_fmt, str(k), qos=qos))
+    for i in infos:
+        i.wait_for_publish(30)
+    return all(i.is_published() for i in infos)
+
+
+def in_order(payloads):
+    vals = [int(p) for p in payloads]
+    return vals == sorted(vals) and len(set(vals)) == len(vals)
+
+
+def cross_node(nodes):
+    cols = [Collector(), Collector()]
+    subs = [client("x-sub%d" % i, nodes[i + 1].port, on_message=cols[i]) for i in range(2)]
+    for s in subs:
+        subscribe(s, "t/cross/#", 1)
+    pub = client("x-pub", nodes[0].port)
+    ok = publish_all(pub, "t/cross/a", 500, 1)
+    got = [wait_count(c, 500, 20) for c in cols]
+    for s in subs + [pub]:
+        s.disconnect()
+    orders = [in_order([m[1] for m in c.snapshot()]) for c in cols]
+    result(
+        "cross_node",
+        ok and got == [500, 500] and all(orders),
+        "pubacked=%s received=%s in_order=%s" % (ok, got, orders),
+    )
+
+
+def every_node(nodes):
+    cols = [Collector() for _ in nodes]
+    subs = [client("e-sub%d" % i, n.port, on_message=cols[i]) for i, n in enumerate(nodes)]
+    for s in subs:
+        subscribe(s, "t/every/#", 1)
+    pubs = [client("e-pub%d" % i, n.port) for i, n in enumerate(nodes)]
+    threads = [
+        threading.Thread(target=publish_all, args=(p, "t/every/p%d" % i, 300, 1))
+        for i, p in enumerate(pubs)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = [wait_count(c, 900, 30) for c in cols]
+    ok = got == [900, 900, 900]
+    why = "received=%s" % got
+    for c in cols:
+        msgs = c.snapshot()
+        for p in range(3):
+            seq = [m[1] for m in msgs if m[0] == "t/every/p%d" % p]
+            if not in_order(seq) or len(seq) != 300:
+                ok = False
+                why += "; publisher %d out of order or missing (%d)" % (p, len(seq))
+    for s in subs + pubs:
+        s.disconnect()
+    result("every_node", ok, why)
+
+
+def retained(nodes):
+    pub = client("r-pub", nodes[0].port)
+    pub.publish("t/retained/x", "kept", qos=1, retain=True).wait_for_publish(10)
+    pub.disconnect()
+    col = Collector()
+    end = time.time() + 10
+    ok = False
+    while time.time() < end and not ok:
+        s = client("r-sub", nodes[2].port, on_message=col)
+        subscribe(s, "t/retained/#", 1)
+        ok = wait_count(col, 1, 2) >= 1
+        s.disconnect()
+    msgs = col.snapshot()
+    result("retained", ok and msgs[0][1] == "kept", "got %r" % msgs[:1])
+
+
+def stream_read(port, cid, n, secs=20):
+    col = Collector()
+    c = client(cid, port, on_message=col)
+    props = Properties(PacketTypes.SUBSCRIBE)
+    props.UserProperty = ("stream-offset", "earliest")
+    subscribe(c, "$stream/all", 1, props)
+    wait_count(col, n, secs)
+    # Then until nothing more arrives for 2 s (the whole history, not a prefix).
+    last, quiet_since = col.count(), time.time()
+    while time.time() - quiet_since < 2:
+        time.sleep(0.1)
+        if col.count() != last:
+            last, quiet_since = col.count(), time.time()
+    c.disconnect()
+    return [(m[0], m[1], m[2].get("stream-offset")) for m in col.snapshot()]
+
+
+def stream_replay(nodes, name="stream_replay", n=None):
+    # Everything published under t/ so far is in the stream "all" on every node.
+    if n is None:
+        n = 500 + 900 + 1
+    reads = [stream_read(node.port, "%s-%d" % (name, i), n) for i, node in enumerate(nodes)]
+    lens = [len(r) for r in reads]
+    same = all(r == reads[0] for r in reads)
+    offsets_ok = all(m[2] is not None for m in reads[0])
+    result(
+        name,
+        same and lens[0] >= n and offsets_ok,
+        "lengths=%s identical=%s offsets=%s" % (lens, same, offsets_ok),
+    )
+
+
+class Loader:
+    """A publisher thread that keeps publishing to one node (reconnecting to the next node
+    when its node is gone) and records what was acknowledged."""
+
+    def __init__(self, name, nodes, home, qos):
+        self.name, self.nodes, self.home, self.qos = name, nodes, home, qos
+        self.acked = set()
+        self.sent = 0
+        self.connections = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        k = 0
+        target = self.home
+        while not self.stop.is_set():
+            try:
+                c = client("%s-%d" % (self.name, k), self.nodes[target].port)
+            except OSError:
+                target = (target + 1) % len(self.nodes)
+                time.sleep(0.2)
+                continue
+            self.connections += 1
+            try:
+                while not self.stop.is_set():
+                    infos = []
+                    for _ in range(20):
+                        payload = "%s:%d" % (self.name, self.sent)
+                        self.sent += 1
+                        infos.append((payload, c.publish("t/load/" + self.name, payload, qos=self.qos)))
+                    for payload, i in infos:
+                        try:
+                            i.wait_for_publish(15)
+                        except (RuntimeError, ValueError):
+                            continue
+                        if i.is_published():
+                            self.acked.add(payload)
+                    if not c.is_connected():
+                        raise OSError("disconnected")
+                    time.sleep(0.01)
+            except (OSError, RuntimeError, ValueError):
+                pass
+            try:
+                c.disconnect()
+                c.loop_stop()
+            except Exception:  # noqa: BLE001 - the socket may be gone already
+                pass
+            k += 1
+            target = (target + 1) % len(self.nodes)
+            time.sleep(0.2)
+
+
+def kill(nodes, nats):
+    # Persistent subscribers on nodes 2 and 3 (QoS 1 and QoS 2); node 1 is the one killed.
+    c1, c2 = Collector(), Collector()
+    s1 = client("k-sub1", nodes[1].port, clean=False, expiry=600, on_message=c1)
+    subscribe(s1, "t/load/#", 1)
+    s2 = client("k-sub2", nodes[2].port, clean=False, expiry=600, on_message=c2)
+    subscribe(s2, "t/load/#", 2)
+    loaders = [Loader("L%d" % i, nodes, i, 1 if i < 2 else 2) for i in range(3)]
+    for l in loaders:
+        l.thread.start()
+    time.sleep(4)
+    t0 = time.time()
+    nodes[0].kill9()
+    nats[1].kill9()
+    killed_at = time.time()
+    time.sleep(3)
+    nats[1].start()
+    nodes[0].start()
+    recovered = time.time() - killed_at
+    time.sleep(5)
+    for l in loaders:
+        l.stop.set()
+    for l in loaders:
+        l.thread.join(30)
+    acked = set().union(*[l.acked for l in loaders])
+    # Give the subscribers time to drain.
+    end = time.time() + 60
+    while time.time() < end:
+        got1 = {m[1] for m in c1.snapshot()}
+        got2 = {m[1] for m in c2.snapshot()}
+        if acked <= got1 and acked <= got2:
+            break
+        time.sleep(0.5)
+    got1 = [m[1] for m in c1.snapshot()]
+    got2 = [m[1] for m in c2.snapshot()]
+    miss1 = len(acked - set(got1))
+    miss2 = len(acked - set(got2))
+    q2 = [m[1] for m in c2.snapshot() if m[1].startswith("L2:")]
+    dup2 = len(q2) - len(set(q2))
+    s1.disconnect()
+    s2.disconnect()
+    print(
+        "kill: connections per publisher=%s" % [l.connections for l in loaders], flush=True
+    )
+    print(
+        "kill: acked=%d sent=%d sub1=%d missing1=%d sub2=%d missing2=%d qos2_duplicates=%d restart_s=%.1f elapsed_s=%.1f"
+        % (
+            len(acked),
+            sum(l.sent for l in loaders),
+            len(got1),
+            miss1,
+            len(got2),
+            miss2,
+            dup2,
+            recovered,
+            time.time() - t0,
+        ),
+        flush=True,
+    )
+    result(
+        "kill_acked_delivered",
+        len(acked) > 0 and miss1 == 0 and miss2 == 0,
+        "acked=%d missing at node 2: %d, at node 3: %d" % (len(acked), miss1, miss2),
+    )
+    result("kill_qos2_no_duplicates", dup2 == 0, "%d duplicates" % dup2)
+    # Per publisher connection, what the persistent subscriber got is in publish order.
+    ordered = True
+    for l in loaders:
+        vals = [int(p.split(":")[1]) for p in got1 if p.startswith(l.name + ":")]
+        if vals != sorted(vals):
+            ordered = False
+    result("kill_order_per_publisher", ordered, "a publisher's messages arrived out of order")
+
+
+def main():
+    nats_ports = [free_port() for _ in range(3)]
+    routes = [free_port() for _ in range(3)]
+    nats = [Nats(i, nats_ports, routes) for i in range(3)]
+    nodes = []
+    try:
+        for n in nats:
+            n.start()
+        urls = ["nats://127.0.0.1:%d" % p for p in nats_ports]
+        nodes = [Node(i, urls) for i in range(3)]
+        for n in nodes:
+            n.start()
+        cross_node(nodes)
+        every_node(nodes)
+        retained(nodes)
+        stream_replay(nodes)
+        kill(nodes, nats)
+        stream_replay(nodes, "stream_replay_after_kill", n=1401)
+    finally:
+        for n in nodes:
+            n.stop()
+        for n in nats:
+            n.stop()
+    return 0 if all(ok for _, ok in RESULTS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
