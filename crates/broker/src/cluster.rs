@@ -35,6 +35,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{error, info, warn};
 
+/// How often the replicator logs its progress (when it appended anything).
+const REPORT_EVERY: Duration = Duration::from_secs(10);
+
 /// The topic of the placeholder record stored for a stream message that is not a lanemq record.
 pub const VOID_TOPIC: &str = "$lanemq/void";
 
@@ -269,7 +272,21 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
                 continue;
             }
         };
+        let mut report = tokio::time::Instant::now() + REPORT_EVERY;
+        let mut reported = cluster.replicated.load(Ordering::Relaxed);
         loop {
+            if tokio::time::Instant::now() >= report {
+                let n = cluster.replicated.load(Ordering::Relaxed);
+                if n != reported {
+                    info!(
+                        records = n - reported,
+                        next_offset = store.next_offset(),
+                        "cluster: records replicated from the log"
+                    );
+                    reported = n;
+                }
+                report = tokio::time::Instant::now() + REPORT_EVERY;
+            }
             let notified = done.notify.notified();
             tokio::select! {
                 entry = feed.next() => match entry {
@@ -281,6 +298,7 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
                     None => break,
                 },
                 _ = notified => {}
+                _ = tokio::time::sleep_until(report) => {}
                 _ = shutdown.changed() => return Ok(()),
             }
             deliver_completed(broker, &done, &mut completed, &mut pending, &low)?;
