@@ -26,6 +26,9 @@ import threading
 import time
 
 import paho.mqtt.client as mqtt
+
+# The sessions bucket is refreshed every 0.5 s by the session's node.
+SYNC_WAIT = 1.0
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -176,7 +179,7 @@ topic_filter = "t/#"
                 self.proc.kill()
 
 
-def client(cid, port, clean=True, expiry=0, on_message=None):
+def client(cid, port, clean=True, expiry=0, on_message=None, present=None):
     c = mqtt.Client(
         callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
         client_id=cid,
@@ -184,6 +187,13 @@ def client(cid, port, clean=True, expiry=0, on_message=None):
     )
     if on_message:
         c.on_message = on_message
+    if present is not None:
+        # present: a dict that gets "session_present" once the CONNACK came.
+        def on_connect(cl, u, flags, rc, props):
+            present["session_present"] = flags.session_present
+            present["rc"] = rc
+
+        c.on_connect = on_connect
     props = Properties(PacketTypes.CONNECT)
     if expiry:
         props.SessionExpiryInterval = expiry
@@ -404,6 +414,55 @@ class Loader:
             time.sleep(0.2)
 
 
+def wait_key(d, key, secs):
+    end = time.time() + secs
+    while time.time() < end and key not in d:
+        time.sleep(0.02)
+    return d.get(key)
+
+
+def session_move(nodes):
+    """A persistent session made on node 2 resumes on node 3 (queued messages, in order,
+    once), then a live connection to node 3 is taken over by a connection to node 1."""
+    col = Collector()
+    s = client("mv-sub", nodes[1].port, clean=False, expiry=600, on_message=col)
+    subscribe(s, "t/move/#", 1)
+    time.sleep(0.3)
+    s.disconnect()
+    s.loop_stop()
+    pub = client("mv-pub", nodes[0].port)
+    ok = publish_all(pub, "t/move/a", 200, 1)
+    time.sleep(0.5)
+    col2, present = Collector(), {}
+    s2 = client("mv-sub", nodes[2].port, clean=False, expiry=600, on_message=col2, present=present)
+    sp = wait_key(present, "session_present", 10)
+    got = wait_count(col2, 200, 20)
+    vals = [m[1] for m in col2.snapshot()]
+    result(
+        "session_resumed_on_another_node",
+        ok and sp is True and got == 200 and in_order(vals),
+        "pubacked=%s session_present=%s received=%d in_order=%s" % (ok, sp, got, in_order(vals)),
+    )
+    # Live takeover across nodes: the same client id connects to node 1 while connected to node 3.
+    gone = threading.Event()
+    s2.on_disconnect = lambda *a: gone.set()
+    col3, present3 = Collector(), {}
+    s3 = client("mv-sub", nodes[0].port, clean=False, expiry=600, on_message=col3, present=present3)
+    sp3 = wait_key(present3, "session_present", 10)
+    kicked = gone.wait(5)
+    s2.loop_stop()
+    ok2 = publish_all(pub, "t/move/b", 100, 1)
+    got3 = wait_count(col3, 100, 20)
+    vals3 = [m[1] for m in col3.snapshot() if m[0] == "t/move/b"]
+    result(
+        "session_taken_over_across_nodes",
+        sp3 is True and kicked and ok2 and len(vals3) == 100 and in_order(vals3),
+        "session_present=%s old_connection_closed=%s received=%d" % (sp3, kicked, len(vals3)),
+    )
+    s3.disconnect()
+    pub.disconnect()
+
+
 def kill(nodes, nats):
     # Persistent subscribers on nodes 2 and 3 (QoS 1 and QoS 2); node 1 is the one killed.
     c1, c2 = Collector(), Collector()
@@ -411,6 +470,10 @@ def kill(nodes, nats):
     subscribe(s1, "t/load/#", 1)
     s2 = client("k-sub2", nodes[2].port, clean=False, expiry=600, on_message=c2)
     subscribe(s2, "t/load/#", 2)
+    c0 = Collector()
+    s0 = client("k-sub0", nodes[0].port, clean=False, expiry=600, on_message=c0)
+    subscribe(s0, "t/load/#", 1)
+    time.sleep(SYNC_WAIT)
     loaders = [Loader("L%d" % i, nodes, i, 1 if i < 2 else 2) for i in range(3)]
     for l in loaders:
         l.thread.start()
@@ -419,6 +482,11 @@ def kill(nodes, nats):
     nodes[0].kill9()
     nats[1].kill9()
     killed_at = time.time()
+    s0.loop_stop()
+    # Its client comes back on node 2: the session resumes from the sessions bucket.
+    c0b, present0 = Collector(), {}
+    s0b = client("k-sub0", nodes[1].port, clean=False, expiry=600, on_message=c0b, present=present0)
+    sp0 = wait_key(present0, "session_present", 15)
     time.sleep(3)
     nats[1].start()
     nodes[0].start()
@@ -438,7 +506,8 @@ def kill(nodes, nats):
     while time.time() < end:
         got1 = {m[1] for m in c1.snapshot()}
         got2 = {m[1] for m in c2.snapshot()}
-        if acked <= got1 and acked <= got2:
+        got0 = {m[1] for m in c0.snapshot()} | {m[1] for m in c0b.snapshot()}
+        if acked <= got1 and acked <= got2 and acked <= got0:
             break
         time.sleep(0.5)
     got1 = [m[1] for m in c1.snapshot()]
@@ -475,6 +544,14 @@ def kill(nodes, nats):
         "acked=%d missing at node 2: %d, at node 3: %d" % (len(acked), miss1, miss2),
     )
     result("kill_qos2_no_duplicates", dup2 == 0, "%d duplicates" % dup2)
+    got0 = {m[1] for m in c0.snapshot()} | {m[1] for m in c0b.snapshot()}
+    miss0 = len(acked - got0)
+    s0b.disconnect()
+    result(
+        "kill_session_resumed_on_another_node",
+        sp0 is True and miss0 == 0,
+        "session_present=%s missing=%d of %d acked" % (sp0, miss0, len(acked)),
+    )
     # Per publisher connection, what the persistent subscriber got is in publish order.
     ordered = []
     for l in loaders:
@@ -502,8 +579,9 @@ def main():
         every_node(nodes)
         retained(nodes)
         stream_replay(nodes)
+        session_move(nodes)
         kill(nodes, nats)
-        stream_replay(nodes, "stream_replay_after_kill", n=1401)
+        stream_replay(nodes, "stream_replay_after_kill", n=1401 + 300)
     finally:
         for n in nodes:
             n.stop()

@@ -432,6 +432,39 @@ impl Broker {
         (s, false)
     }
 
+    /// The sessions with a Session Expiry above 0 (cluster mode keeps their records).
+    pub(crate) fn persistent_sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions_lock()
+            .values()
+            .filter(|s| {
+                let st = s.lock();
+                !st.ended && st.expiry_s > 0
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Cluster mode: end a local session handed over to another node (its connection already
+    /// saw a newer generation). Its queue and subscriptions go; its record in the sessions
+    /// bucket stays (the new owner writes it).
+    pub(crate) fn drop_session_for_takeover(&self, session: &Arc<Session>, generation: u64) {
+        {
+            let st = session.lock();
+            if st.generation != generation || st.ended {
+                return;
+            }
+        }
+        let mut map = self.sessions_lock();
+        if map
+            .get(&session.client_id)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
+            map.remove(&session.client_id);
+        }
+        drop(map);
+        self.end_session(session);
+    }
+
     /// `DELETE /api/v5/clients/{clientid}`: a connected client gets DISCONNECT 0x98 (its
     /// session stays if it has an expiry); the stored session of a client that is not
     /// connected is discarded.

@@ -54,6 +54,15 @@ pub struct Cluster {
     pub publish_failures: AtomicU64,
     /// The replicator stopped on a misaligned offset (fail-stop).
     pub failed: AtomicBool,
+    /// The sessions bucket (`crate::cluster_sessions`).
+    pub kv: lanemq_cluster::Kv,
+    /// Resumed sessions for the replicator to install.
+    pub installs: tokio::sync::mpsc::UnboundedSender<crate::cluster_sessions::Install>,
+    installs_rx: std::sync::Mutex<
+        Option<tokio::sync::mpsc::UnboundedReceiver<crate::cluster_sessions::Install>>,
+    >,
+    /// Every record below this offset has been routed to this node's sessions.
+    pub routed: AtomicU64,
 }
 
 impl Cluster {
@@ -71,12 +80,29 @@ impl Cluster {
             queue_records: 16_384,
         };
         let link = Link::connect(opts, Duration::from_millis(cfg.connect_timeout_ms)).await?;
+        // The bucket, once JetStream answers (a fresh cluster elects its leaders first).
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
+        let kv = loop {
+            match link.sessions().await {
+                Ok(kv) => break kv,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "cluster: sessions bucket not ready yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let (installs, rx) = tokio::sync::mpsc::unbounded_channel();
         Ok(Cluster {
             link,
             published: AtomicU64::new(0),
             replicated: AtomicU64::new(0),
             publish_failures: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            kv,
+            installs,
+            installs_rx: std::sync::Mutex::new(Some(rx)),
+            routed: AtomicU64::new(0),
         })
     }
 }
@@ -127,6 +153,13 @@ impl Broker {
     /// Cluster mode is on.
     pub fn clustered(&self) -> bool {
         self.cluster.get().is_some()
+    }
+
+    /// Cluster mode: every record below this offset has been routed to this node's sessions.
+    pub fn replicator_routed(&self) -> u64 {
+        self.cluster
+            .get()
+            .map_or(0, |c| c.routed.load(Ordering::SeqCst))
     }
 
     /// Cluster mode's [`Broker::admit_as`]: hand the record to the cluster's log. The message
@@ -251,6 +284,14 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
     let mut pending: VecDeque<Arc<Message>> = VecDeque::new();
     let mut shutdown = broker.shutdown_signal();
     let mut pause = Duration::from_millis(100);
+    let mut installs = cluster
+        .installs_rx
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .ok_or("the replicator runs once")?;
+    let mut waiting: Vec<crate::cluster_sessions::Install> = Vec::new();
+    cluster.routed.store(store.next_offset(), Ordering::SeqCst);
     loop {
         if broker.is_shutting_down() {
             return Ok(());
@@ -298,10 +339,26 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
                     None => break,
                 },
                 _ = notified => {}
+                Some(i) = installs.recv() => waiting.push(i),
                 _ = tokio::time::sleep_until(report) => {}
                 _ = shutdown.changed() => return Ok(()),
             }
             deliver_completed(broker, &done, &mut completed, &mut pending, &low)?;
+            let routed = pending
+                .front()
+                .map_or_else(|| store.next_offset(), |m| m.offset);
+            cluster.routed.store(routed, Ordering::SeqCst);
+            if !waiting.is_empty() {
+                // A resumed session is installed once this node has routed everything its
+                // old owner had (`crate::cluster_sessions::install`).
+                let (ready, later): (Vec<_>, Vec<_>) =
+                    waiting.drain(..).partition(|i| i.record.position <= routed);
+                waiting = later;
+                for i in ready {
+                    crate::cluster_sessions::install(broker, &i.session, &i.record, routed);
+                    let _ = i.done.send(());
+                }
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod anyhow_lite;
 pub mod broker;
 pub mod cluster;
+pub mod cluster_sessions;
 pub mod config;
 pub mod config_lines;
 pub mod connection;

@@ -196,6 +196,8 @@ impl Server {
         crate::connection::start_restored_timers(&broker, restored);
         if broker.clustered() {
             crate::cluster::spawn_replicator(broker.clone());
+            crate::cluster_sessions::spawn_takeover_server(broker.clone());
+            crate::cluster_sessions::spawn_sync(broker.clone());
         }
         crate::retention::spawn(broker.clone());
         spawn_stream_gc(broker.clone());

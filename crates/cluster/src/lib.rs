@@ -54,6 +54,12 @@ pub enum ClusterError {
     /// Reading the stream failed.
     #[error("reading the JetStream stream: {0}")]
     Feed(String),
+    /// A key-value operation on the sessions bucket failed.
+    #[error("sessions bucket: {0}")]
+    Kv(String),
+    /// A request to another node failed (no answer, nobody serving it).
+    #[error("request to another node: {0}")]
+    Request(String),
     /// The link is closed (the broker is stopping).
     #[error("the cluster link is closed")]
     Closed,
@@ -395,12 +401,183 @@ impl Link {
         Ok(Feed { messages })
     }
 
+    /// The sessions bucket (`<stream>_SESSIONS`, the log stream's replicas), created when
+    /// missing.
+    pub async fn sessions(&self) -> Result<Kv, ClusterError> {
+        let name = format!("{}_SESSIONS", self.opts.stream);
+        let prefix = format!("{}-sessions", self.opts.subject_prefix);
+        let stream = self
+            .js
+            .get_or_create_stream(stream::Config {
+                name: name.clone(),
+                subjects: vec![format!("{prefix}.>")],
+                num_replicas: self.opts.replicas,
+                storage: stream::StorageType::File,
+                retention: stream::RetentionPolicy::Limits,
+                discard: stream::DiscardPolicy::Old,
+                max_messages_per_subject: 1,
+                max_messages: -1,
+                max_bytes: -1,
+                max_message_size: -1,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| ClusterError::Kv(format!("stream {name}: {e}")))?;
+        Ok(Kv {
+            js: self.js.clone(),
+            stream,
+            prefix,
+        })
+    }
+
+    /// The subject of requests `what` to the node `node_id`: `<subject_prefix>-rpc.<node>.<what>`,
+    /// outside the log stream's subjects.
+    pub fn node_subject(&self, node_id: &str, what: &str) -> String {
+        format!("{}-rpc.{node_id}.{what}", self.opts.subject_prefix)
+    }
+
+    /// Receive the requests sent to this node under `what` ([`Link::request`]).
+    pub async fn serve(&self, what: &str) -> Result<Requests, ClusterError> {
+        let subject = self.node_subject(&self.opts.node_id, what);
+        let sub = self
+            .client
+            .subscribe(subject)
+            .await
+            .map_err(|e| ClusterError::Request(e.to_string()))?;
+        Ok(Requests { sub })
+    }
+
+    /// Ask the node `node_id` (`what`, as it serves it) and wait up to `timeout` for its
+    /// answer. `Err` when no node serves that subject or it did not answer in time.
+    pub async fn request(
+        &self,
+        node_id: &str,
+        what: &str,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<Bytes, ClusterError> {
+        let subject = self.node_subject(node_id, what);
+        let r = tokio::time::timeout(timeout, self.client.request(subject, payload))
+            .await
+            .map_err(|_| ClusterError::Request(format!("node {node_id} did not answer")))?
+            .map_err(|e| ClusterError::Request(e.to_string()))?;
+        Ok(r.payload)
+    }
+
+    /// Answer a request.
+    pub async fn respond(&self, reply: String, payload: Bytes) -> Result<(), ClusterError> {
+        self.client
+            .publish(reply, payload)
+            .await
+            .map_err(|e| ClusterError::Request(e.to_string()))
+    }
+
     /// Wait until everything handed over so far has been written to the NATS connection.
     pub async fn flush(&self) -> Result<(), ClusterError> {
         self.client
             .flush()
             .await
             .map_err(|e| ClusterError::Publish(e.to_string()))
+    }
+}
+
+/// The cluster's key-value bucket of persistent sessions ([`Link::sessions`]): a JetStream
+/// stream `<stream>_SESSIONS` that keeps the last message of each subject
+/// `<subject_prefix>-sessions.<key>` ([`session_key`]); an empty value is a deleted key.
+/// (JetStream's own KV buckets are the same thing; this keeps to the stream API every
+/// nats-server version lanemq meets answers the same way.)
+#[derive(Clone)]
+pub struct Kv {
+    js: jetstream::Context,
+    stream: jetstream::stream::Stream,
+    prefix: String,
+}
+
+impl std::fmt::Debug for Kv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Kv")
+    }
+}
+
+/// The key of a client id in the sessions bucket: `c.` and the id's bytes in hex (KV keys
+/// allow only a few characters; hex keeps every client id distinct).
+pub fn session_key(client_id: &str) -> String {
+    let mut k = String::with_capacity(2 + 2 * client_id.len());
+    k.push_str("c.");
+    for b in client_id.bytes() {
+        k.push_str(&format!("{b:02x}"));
+    }
+    if client_id.is_empty() {
+        k.push('_');
+    }
+    k
+}
+
+impl Kv {
+    fn subject(&self, key: &str) -> String {
+        format!("{}.{key}", self.prefix)
+    }
+
+    /// The value of `key`, if any.
+    pub async fn get(&self, key: &str) -> Result<Option<Bytes>, ClusterError> {
+        match self
+            .stream
+            .get_last_raw_message_by_subject(&self.subject(key))
+            .await
+        {
+            Ok(m) if m.payload.is_empty() => Ok(None),
+            Ok(m) => Ok(Some(m.payload)),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(ClusterError::Kv(e.to_string())),
+        }
+    }
+
+    /// Store `value` under `key` (replicated before it returns).
+    pub async fn put(&self, key: &str, value: Bytes) -> Result<(), ClusterError> {
+        let ack = self
+            .js
+            .publish(self.subject(key), value)
+            .await
+            .map_err(|e| ClusterError::Kv(e.to_string()))?;
+        ack.await
+            .map(|_| ())
+            .map_err(|e| ClusterError::Kv(e.to_string()))
+    }
+
+    /// Remove `key` (an empty value).
+    pub async fn delete(&self, key: &str) -> Result<(), ClusterError> {
+        self.put(key, Bytes::new()).await
+    }
+}
+
+/// Requests addressed to one node ([`Link::serve`]).
+pub struct Requests {
+    sub: async_nats::Subscriber,
+}
+
+impl std::fmt::Debug for Requests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Requests")
+    }
+}
+
+/// One request: its body and where the answer goes.
+#[derive(Debug)]
+pub struct Request {
+    /// The request's body.
+    pub payload: Bytes,
+    /// The inbox of the asking node (`None`: nobody waits for an answer).
+    pub reply: Option<String>,
+}
+
+impl Requests {
+    /// The next request; `None` when the link closed.
+    pub async fn next(&mut self) -> Option<Request> {
+        let m = self.sub.next().await?;
+        Some(Request {
+            payload: m.payload,
+            reply: m.reply.map(|r| r.to_string()),
+        })
     }
 }
 

@@ -219,8 +219,14 @@ impl Conn {
                 return Ok(None);
             }
         }
+        // Cluster mode: a session another node owns is taken over from it first.
+        let adopted = if broker.clustered() {
+            crate::cluster_sessions::adopt(&broker, &client_id, c.clean_start).await
+        } else {
+            None
+        };
         let limits = broker.queue_limits();
-        let (session, resumed) = broker.open_session(&client_id, c.clean_start, || {
+        let (session, mut resumed) = broker.open_session(&client_id, c.clean_start, || {
             Session::new(client_id.clone(), version, limits)
         });
         let waker = Arc::new(ConnWaker::new());
@@ -243,6 +249,11 @@ impl Conn {
             st.connected_at_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        }
+        if broker.clustered()
+            && crate::cluster_sessions::install_and_claim(&broker, &session, adopted).await
+        {
+            resumed = true;
         }
         if resumed {
             // The rules may have changed while the session was away (a reload, a restart),
