@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# One lanemq node against a three-node lanemq cluster on NATS JetStream, on this machine, with
+# the same load generator (docs/benchmarks.md, "Cluster mode"). Starts three nats-server
+# processes (JetStream, cluster routes, the log stream at R3), three lanemq nodes with
+# --cluster, and one lanemq without it; rounds alternate between the two. Every broker runs its
+# default configuration (the cluster's: replicas 3).
+#
+#   bash interop/bench-cluster.sh
+#
+# Scenarios (lanemq-bench, all clients on one node, 64 B payloads):
+#   fanin_q1   10 publishers -> 1 subscriber, QoS 1, as fast as acks come (inflight 100)
+#   fanin_q0   10 publishers -> 1 subscriber, QoS 0, as fast as possible
+#   latency_q1 the same as fanin_q1 at a fixed 5,000 msg/s: p99 without queueing
+# CPU per message: user + system time of every broker process (one lanemq; or three lanemq
+# and three nats-server) divided by the messages received.
+#
+# Environment: ROUNDS=3 DURATION=5 RESULTS=target/bench-results/cluster-<time>
+#   LANEMQ_BIN=target/release/lanemq BENCH_BIN=target/release/lanemq-bench
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+LANEMQ_BIN=${LANEMQ_BIN:-$ROOT/target/release/lanemq}
+BENCH_BIN=${BENCH_BIN:-$ROOT/target/release/lanemq-bench}
+RESULTS=${RESULTS:-$ROOT/target/bench-results/cluster-$(date +%Y%m%d-%H%M%S)}
+NATS_SERVER=${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}
+[ -x "$NATS_SERVER" ] || { echo "nats-server missing (apt-get install nats-server)" >&2; exit 2; }
+[ -x "$LANEMQ_BIN" ] && [ -x "$BENCH_BIN" ] || { echo "cargo build --release --bins first" >&2; exit 2; }
+mkdir -p "$RESULTS"
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-bench-cluster.XXXXXX")
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  sleep 1
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+  local i
+  for ((i = 0; i < 600; i++)); do
+    timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+cpu_ticks() { # summed utime+stime of the given pids
+  local t=0 p
+  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo "$t"
+}
+
+NP=($(port) $(port) $(port)); RP=($(port) $(port) $(port))
+NATS_PIDS=()
+for i in 0 1 2; do
+  routes=""
+  for j in 0 1 2; do [ "$j" = "$i" ] || routes+="\"nats-route://127.0.0.1:${RP[$j]}\", "; done
+  cat >"$TMP/nats$i.conf" <<EOF
+server_name: n$i
+listen: 127.0.0.1:${NP[$i]}
+jetstream { store_dir: "$TMP/js$i" }
+cluster { name: bench, listen: 127.0.0.1:${RP[$i]}, routes: [ ${routes%, } ] }
+EOF
+  "$NATS_SERVER" -c "$TMP/nats$i.conf" >"$TMP/nats$i.log" 2>&1 &
+  NATS_PIDS+=($!); PIDS+=($!)
+done
+URLS="nats://127.0.0.1:${NP[0]},nats://127.0.0.1:${NP[1]},nats://127.0.0.1:${NP[2]}"
+NODE_PIDS=(); NODE_PORTS=()
+for i in 0 1 2; do
+  p=$(port)
+  "$LANEMQ_BIN" serve --mqtt "127.0.0.1:$p" --http off --data-dir "$TMP/node$i" \
+    --cluster "$URLS" --node-id "node$i" >"$TMP/node$i.log" 2>&1 &
+  NODE_PIDS+=($!); PIDS+=($!); NODE_PORTS+=($p)
+  wait_port "$p" || { echo "cluster node $i did not start"; tail "$TMP/node$i.log"; exit 1; }
+done
+SP=$(port)
+"$LANEMQ_BIN" serve --mqtt "127.0.0.1:$SP" --http off --data-dir "$TMP/single" >"$TMP/single.log" 2>&1 &
+SINGLE_PID=$!; PIDS+=($!)
+wait_port "$SP" || { echo "single node did not start"; exit 1; }
+{
+  echo "date: $(date -Is)"; echo "nproc: $(nproc)"; echo "git: $(git rev-parse --short HEAD)"
+  echo "nats-server: $("$NATS_SERVER" --version 2>&1 | head -1)"; echo "rounds: $ROUNDS duration: $DURATION"
+} | tee "$RESULTS/machine.txt"
+
+run() { # name setup port pids...
+  local name=$1 setup=$2 p=$3; shift 3
+  local args=(--port "$p" --publishers 10 --subscribers 1 --payload 64 --duration "$DURATION"
+    --warmup 1 --drain 10 --inflight 100 --quiet --topic-prefix "bench/$name/$setup/$r")
+  case $name in
+    fanin_q1) args+=(--qos 1) ;;
+    fanin_q0) args+=(--qos 0) ;;
+    latency_q1) args+=(--qos 1 --rate 5000) ;;
+  esac
+  local hz t0 t1
+  hz=$(getconf CLK_TCK)
+  t0=$(cpu_ticks "$@")
+  echo "[bench] $name $setup round $r (load $(cut -d' ' -f1-3 /proc/loadavg))"
+  "$BENCH_BIN" "${args[@]}" --json "$RESULTS/$name.$setup.r$r.json" >"$RESULTS/$name.$setup.r$r.txt" 2>&1
+  t1=$(cpu_ticks "$@")
+  python3 - "$RESULTS/$name.$setup.r$r.json" "$(( t1 - t0 ))" "$hz" <<'EOF'
+import json, sys
+path, ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+d = json.load(open(path))
+cpu_us = ticks * 1e6 / hz / max(1, d["received"])
+d["cluster_cpu_us_per_msg"] = cpu_us
+json.dump(d, open(path, "w"))
+lat = d.get("latency") or {}
+print("    %.1fk msg/s out, p99 %s us, %.2f us CPU per message (all broker processes), loss %d" % (
+    d["msgs_per_sec_out"] / 1e3, lat.get("p99_us", lat.get("p99")), cpu_us, d["loss"]))
+EOF
+}
+
+for r in $(seq 1 "$ROUNDS"); do
+  for name in fanin_q1 fanin_q0 latency_q1; do
+    run "$name" single "$SP" "$SINGLE_PID"
+    run "$name" cluster3 "${NODE_PORTS[0]}" "${NODE_PIDS[@]}" "${NATS_PIDS[@]}"
+  done
+done
+
+python3 - "$RESULTS" <<'EOF' | tee "$RESULTS/summary.md"
+import glob, json, os, statistics, sys
+res = sys.argv[1]
+rows = {}
+for f in sorted(glob.glob(os.path.join(res, "*.json"))):
+    name, setup, _ = os.path.basename(f).rsplit(".", 2)[0].split(".")
+    d = json.load(open(f))
+    lat = d.get("latency") or {}
+    rows.setdefault((name, setup), []).append(
+        (d["msgs_per_sec_out"], lat.get("p99_us", lat.get("p99")), d["cluster_cpu_us_per_msg"]))
+print("| scenario | setup | msg/s out, median (worst) | p99 µs, median (worst) | CPU µs/msg, median |")
+print("|---|---|---|---|---|")
+for (name, setup), v in sorted(rows.items()):
+    rate = [x[0] for x in v]; p99 = [x[1] for x in v if x[1] is not None]; cpu = [x[2] for x in v]
+    print("| %s | %s | %.1fk (%.1fk) | %s | %.2f |" % (
+        name, setup, statistics.median(rate) / 1e3, min(rate) / 1e3,
+        "%d (%d)" % (statistics.median(p99), max(p99)) if p99 else "-", statistics.median(cpu)))
+EOF
