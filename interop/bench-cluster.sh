@@ -84,8 +84,12 @@ wait_port "$SP" || { echo "single node did not start"; exit 1; }
   echo "nats-server: $("$NATS_SERVER" --version 2>&1 | head -1)"; echo "rounds: $ROUNDS duration: $DURATION"
 } | tee "$RESULTS/machine.txt"
 
-run() { # name setup port pids...
+run() { # name setup port lanemq-pids [-- nats-pids]
   local name=$1 setup=$2 p=$3; shift 3
+  local lpids=() npids=() seen=0 x
+  for x in "$@"; do
+    if [ "$x" = -- ]; then seen=1; elif [ $seen = 0 ]; then lpids+=("$x"); else npids+=("$x"); fi
+  done
   local args=(--port "$p" --publishers 10 --subscribers 1 --payload 64 --duration "$DURATION"
     --warmup 1 --drain 10 --inflight 100 --quiet --topic-prefix "bench/$name/$setup/$r")
   case $name in
@@ -93,29 +97,34 @@ run() { # name setup port pids...
     fanin_q0) args+=(--qos 0) ;;
     latency_q1) args+=(--qos 1 --rate 5000) ;;
   esac
-  local hz t0 t1
+  local hz t0 t1 n0 n1
   hz=$(getconf CLK_TCK)
-  t0=$(cpu_ticks "$@")
+  t0=$(cpu_ticks "${lpids[@]}")
+  n0=$(cpu_ticks "${npids[@]}")
   echo "[bench] $name $setup round $r (load $(cut -d' ' -f1-3 /proc/loadavg))"
   "$BENCH_BIN" "${args[@]}" --json "$RESULTS/$name.$setup.r$r.json" >"$RESULTS/$name.$setup.r$r.txt" 2>&1
-  t1=$(cpu_ticks "$@")
-  python3 - "$RESULTS/$name.$setup.r$r.json" "$(( t1 - t0 ))" "$hz" <<'EOF'
+  t1=$(cpu_ticks "${lpids[@]}")
+  n1=$(cpu_ticks "${npids[@]}")
+  python3 - "$RESULTS/$name.$setup.r$r.json" "$(( t1 - t0 ))" "$(( n1 - n0 ))" "$hz" <<'EOF'
 import json, sys
-path, ticks, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, lt, nt, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 d = json.load(open(path))
-cpu_us = ticks * 1e6 / hz / max(1, d["received"])
-d["cluster_cpu_us_per_msg"] = cpu_us
+n = max(1, d["received"])
+d["lanemq_cpu_us_per_msg"] = lt * 1e6 / hz / n
+d["nats_cpu_us_per_msg"] = nt * 1e6 / hz / n
+d["cluster_cpu_us_per_msg"] = (lt + nt) * 1e6 / hz / n
 json.dump(d, open(path, "w"))
 lat = d.get("latency") or {}
-print("    %.1fk msg/s out, p99 %s us, %.2f us CPU per message (all broker processes), loss %d" % (
-    d["msgs_per_sec_out"] / 1e3, lat.get("p99_us", lat.get("p99")), cpu_us, d["loss"]))
+print("    %.1fk msg/s out, p99 %.0f us, CPU per message %.2f us (lanemq %.2f + nats-server %.2f), loss %d" % (
+    d["msgs_per_sec_out"] / 1e3, lat.get("p99_us", 0), d["cluster_cpu_us_per_msg"],
+    d["lanemq_cpu_us_per_msg"], d["nats_cpu_us_per_msg"], d["loss"]))
 EOF
 }
 
 for r in $(seq 1 "$ROUNDS"); do
   for name in fanin_q1 fanin_q0 latency_q1; do
     run "$name" single "$SP" "$SINGLE_PID"
-    run "$name" cluster3 "${NODE_PORTS[0]}" "${NODE_PIDS[@]}" "${NATS_PIDS[@]}"
+    run "$name" cluster3 "${NODE_PORTS[0]}" "${NODE_PIDS[@]}" -- "${NATS_PIDS[@]}"
   done
 done
 
@@ -124,16 +133,16 @@ import glob, json, os, statistics, sys
 res = sys.argv[1]
 rows = {}
 for f in sorted(glob.glob(os.path.join(res, "*.json"))):
-    name, setup, _ = os.path.basename(f).rsplit(".", 2)[0].split(".")
+    name, setup = os.path.basename(f).split(".")[:2]
     d = json.load(open(f))
     lat = d.get("latency") or {}
-    rows.setdefault((name, setup), []).append(
-        (d["msgs_per_sec_out"], lat.get("p99_us", lat.get("p99")), d["cluster_cpu_us_per_msg"]))
-print("| scenario | setup | msg/s out, median (worst) | p99 µs, median (worst) | CPU µs/msg, median |")
+    rows.setdefault((name, setup), []).append((d["msgs_per_sec_out"], lat.get("p99_us", 0),
+        d["cluster_cpu_us_per_msg"], d.get("lanemq_cpu_us_per_msg", 0), d.get("nats_cpu_us_per_msg", 0)))
+print("| scenario | setup | msg/s out, median (worst) | p99 µs, median (worst) | CPU µs/msg, median (lanemq + nats-server) |")
 print("|---|---|---|---|---|")
 for (name, setup), v in sorted(rows.items()):
-    rate = [x[0] for x in v]; p99 = [x[1] for x in v if x[1] is not None]; cpu = [x[2] for x in v]
-    print("| %s | %s | %.1fk (%.1fk) | %s | %.2f |" % (
-        name, setup, statistics.median(rate) / 1e3, min(rate) / 1e3,
-        "%d (%d)" % (statistics.median(p99), max(p99)) if p99 else "-", statistics.median(cpu)))
+    med = lambda i: statistics.median(x[i] for x in v)
+    print("| %s | %s | %.1fk (%.1fk) | %d (%d) | %.1f (%.1f + %.1f) |" % (
+        name, setup, med(0) / 1e3, min(x[0] for x in v) / 1e3, med(1), max(x[1] for x in v),
+        med(2), med(3), med(4)))
 EOF
