@@ -14,7 +14,8 @@
 # CPU per message: user + system time of every broker process (one lanemq; or three lanemq
 # and three nats-server) divided by the messages received.
 #
-# Environment: ROUNDS=3 DURATION=5 RESULTS=target/bench-results/cluster-<time>
+# Environment: ROUNDS=3 DURATION=5 SCENARIOS="fanin_q1 fanin_q0 latency_q1"
+#   RESULTS=target/bench-results/cluster-<time>
 #   LANEMQ_BIN=target/release/lanemq BENCH_BIN=target/release/lanemq-bench
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -122,7 +123,7 @@ EOF
 }
 
 for r in $(seq 1 "$ROUNDS"); do
-  for name in fanin_q1 fanin_q0 latency_q1; do
+  for name in ${SCENARIOS:-fanin_q1 fanin_q0 latency_q1}; do
     run "$name" single "$SP" "$SINGLE_PID"
     run "$name" cluster3 "${NODE_PORTS[0]}" "${NODE_PIDS[@]}" -- "${NATS_PIDS[@]}"
   done
