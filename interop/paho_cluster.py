@@ -118,6 +118,7 @@ class Node:
     def __init__(self, i, nats_urls):
         self.i = i
         self.port = free_port()
+        self.http = free_port()
         self.dir = os.path.join(WORK, "lanemq%d" % i)
         os.makedirs(os.path.join(self.dir, "data"), exist_ok=True)
         self.conf = os.path.join(self.dir, "lanemq.toml")
@@ -128,13 +129,14 @@ allow_anonymous = true
 acl_file = "%s/allow.acl"
 
 [admin]
-enable = false
+bind = "127.0.0.1:%d"
+token = "cluster-test-token"
 
 [[streams]]
 name = "all"
 topic_filter = "t/#"
 """
-                % self.dir
+                % (self.dir, self.http)
             )
         with open(os.path.join(self.dir, "allow.acl"), "w") as f:
             f.write("allow all subscribe filter:$stream/#\nallow all publish filter:#\nallow all subscribe filter:#\n")
@@ -187,18 +189,23 @@ def client(cid, port, clean=True, expiry=0, on_message=None, present=None):
     )
     if on_message:
         c.on_message = on_message
-    if present is not None:
-        # present: a dict that gets "session_present" once the CONNACK came.
-        def on_connect(cl, u, flags, rc, props):
+    connected = threading.Event()
+
+    # present: a dict that gets "session_present" once the CONNACK came.
+    def on_connect(cl, u, flags, rc, props):
+        if present is not None:
             present["session_present"] = flags.session_present
             present["rc"] = rc
+        connected.set()
 
-        c.on_connect = on_connect
+    c.on_connect = on_connect
     props = Properties(PacketTypes.CONNECT)
     if expiry:
         props.SessionExpiryInterval = expiry
     c.connect("127.0.0.1", port, keepalive=30, clean_start=clean, properties=props)
     c.loop_start()
+    # The CONNACK first (a node may wait for the sessions bucket while JetStream elects).
+    connected.wait(25)
     return c
 
 
@@ -414,6 +421,61 @@ class Loader:
             time.sleep(0.2)
 
 
+def rest(node, method, path, body=None):
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        "http://127.0.0.1:%d%s" % (node.http, path),
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": "Bearer cluster-test-token", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=40) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def rest_streams(nodes):
+    """A stream created through one node's REST API exists on every node, indexes the same
+    messages with the same offsets there, and a delete through another node removes it
+    everywhere."""
+    st, body = rest(nodes[0], "POST", "/api/v5/streams", {"name": "viarest", "topic_filter": "v/#"})
+    gets = [rest(n, "GET", "/api/v5/stream/viarest")[0] for n in nodes]
+    pub = client("v-pub", nodes[1].port)
+    ok = publish_all(pub, "v/x", 50, 1)
+    pub.disconnect()
+    reads = []
+    for i, node in enumerate(nodes):
+        col = Collector()
+        c = client("v-read%d" % i, node.port, on_message=col)
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.UserProperty = ("stream-offset", "earliest")
+        subscribe(c, "$stream/viarest", 1, props)
+        wait_count(col, 50, 20)
+        c.disconnect()
+        reads.append([(m[1], m[2].get("stream-offset")) for m in col.snapshot()])
+    same = all(r == reads[0] for r in reads) and len(reads[0]) == 50
+    result(
+        "rest_stream_created_on_every_node",
+        st in (200, 201) and gets == [200, 200, 200] and ok and same,
+        "create=%s %r gets=%s lengths=%s identical=%s"
+        % (st, body[:120], gets, [len(r) for r in reads], same),
+    )
+    dst, _ = rest(nodes[2], "DELETE", "/api/v5/stream/viarest")
+    gone = [rest(n, "GET", "/api/v5/stream/viarest")[0] for n in nodes]
+    dup, _ = rest(nodes[1], "POST", "/api/v5/streams", {"name": "t-dup", "topic_filter": "d/#"})
+    dup2, _ = rest(nodes[2], "POST", "/api/v5/streams", {"name": "t-dup", "topic_filter": "d/#"})
+    result(
+        "rest_stream_deleted_on_every_node",
+        dst in (200, 204) and gone == [404, 404, 404] and dup in (200, 201) and dup2 == 409,
+        "delete=%s gets after=%s create=%s create again elsewhere=%s" % (dst, gone, dup, dup2),
+    )
+
+
 def wait_key(d, key, secs):
     end = time.time() + secs
     while time.time() < end and key not in d:
@@ -580,6 +642,7 @@ def main():
         retained(nodes)
         stream_replay(nodes)
         session_move(nodes)
+        rest_streams(nodes)
         kill(nodes, nats)
         stream_replay(nodes, "stream_replay_after_kill", n=1401 + 300)
     finally:

@@ -128,16 +128,17 @@ impl AdminBackend for BrokerAdmin {
     }
 
     fn create_stream(&self, def: StreamDef) -> Result<StreamInfo, StreamError> {
-        self.broker.streams.create(def)
+        // Cluster mode: on every node, through the cluster's log (`crate::cluster`).
+        self.broker.create_stream(def)
     }
 
     fn update_stream(&self, name: &str, def: StreamDef) -> Result<StreamInfo, StreamError> {
         // The engine refuses changes of topic_filter / is_lastvalue (Immutable).
-        self.broker.streams.update(name, def)
+        self.broker.update_stream(name, def)
     }
 
     fn delete_stream(&self, name: &str) -> Result<(), StreamError> {
-        self.broker.streams.delete(name)
+        self.broker.delete_stream(name)
     }
 
     fn get_settings(&self) -> GlobalSettings {

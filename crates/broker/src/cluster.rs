@@ -63,6 +63,8 @@ pub struct Cluster {
     >,
     /// Every record below this offset has been routed to this node's sessions.
     pub routed: AtomicU64,
+    /// REST calls waiting for their registry change (`Broker::create_stream` and the rest).
+    pub registry: RegistryWaits,
 }
 
 impl Cluster {
@@ -103,6 +105,7 @@ impl Cluster {
             installs,
             installs_rx: std::sync::Mutex::new(Some(rx)),
             routed: AtomicU64::new(0),
+            registry: RegistryWaits::default(),
         })
     }
 }
@@ -383,7 +386,7 @@ fn apply(
              records this node had not read); restart this node with an empty data directory"
         ));
     }
-    let (mut msg, pid) = match lanemq_store::record::decode_record(e.payload) {
+    let (mut msg, pid) = match lanemq_store::record::decode_record(e.payload.clone()) {
         Ok(rec) => {
             let pid = rec
                 .index_hints
@@ -393,7 +396,10 @@ fn apply(
             (Message::from_record(&rec), pid)
         }
         Err(why) => {
-            warn!(seq = e.seq, why, "cluster: a message on the log's subjects is not a lanemq record; stored as {VOID_TOPIC}");
+            let control = e.payload.starts_with(CTL_MAGIC);
+            if !control {
+                warn!(seq = e.seq, why, "cluster: a message on the log's subjects is not a lanemq record; stored as {VOID_TOPIC}");
+            }
             let mut m = Message::new(
                 VOID_TOPIC.into(),
                 Bytes::new(),
@@ -409,6 +415,10 @@ fn apply(
                 .map_err(|e| format!("local log: {e}"))?;
             if got != offset {
                 return Err(format!("local log appended at {got}, expected {offset}"));
+            }
+            if control {
+                // A registry change: applied here, after its placeholder, on every node.
+                apply_control(broker, &e.payload);
             }
             return Ok(());
         }
@@ -491,4 +501,192 @@ fn deliver_completed(
         Ordering::SeqCst,
     );
     Ok(())
+}
+
+/// The first bytes of a control record of the cluster's log (a registry change). A control
+/// record is not a log record (it does not decode as one), so no MQTT client can publish one:
+/// the broker encodes every client message itself.
+const CTL_MAGIC: &[u8] = b"\0LANEMQ-CTL\0";
+
+/// A change of the named streams' registry, applied by every node at the same log offset.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct RegistryOp {
+    /// The node that asked, and its request number (its REST call waits for the answer).
+    node: String,
+    id: u64,
+    op: RegistryChange,
+}
+
+/// A change of one named stream.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+enum RegistryChange {
+    Create(lanemq_streams::StreamDef),
+    Update(String, lanemq_streams::StreamDef),
+    Delete(String),
+}
+
+/// The outcome of a registry change, for the REST call that asked for it.
+#[derive(Debug)]
+pub(crate) enum RegistryOutcome {
+    Info(Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError>),
+    Done(Result<(), lanemq_streams::StreamError>),
+}
+
+/// REST calls waiting for their registry change to come back through the log.
+#[derive(Debug, Default)]
+pub struct RegistryWaits {
+    next: AtomicU64,
+    waiting:
+        std::sync::Mutex<std::collections::HashMap<u64, std::sync::mpsc::Sender<RegistryOutcome>>>,
+}
+
+/// How long a REST call waits for its registry change to come back through the log.
+const REGISTRY_WAIT: Duration = Duration::from_secs(30);
+
+impl Broker {
+    /// Cluster mode: create, update or delete a named stream on every node. The change goes
+    /// through the cluster's log as a control record; every node applies it when its
+    /// replicator reaches it (so every node's stream starts at the same offset), and this
+    /// call returns what this node's registry answered. Blocks (a REST handler's thread).
+    fn cluster_registry(&self, op: RegistryChange) -> RegistryOutcome {
+        let unavailable = |why: String| lanemq_streams::StreamError::Storage(why);
+        let fail = |op: &RegistryChange, why: String| match op {
+            RegistryChange::Delete(_) => RegistryOutcome::Done(Err(unavailable(why))),
+            _ => RegistryOutcome::Info(Err(unavailable(why))),
+        };
+        let Some(cluster) = self.cluster.get() else {
+            return fail(&op, "not in cluster mode".into());
+        };
+        let id = cluster.registry.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let req = RegistryOp {
+            node: cluster.link.options().node_id.clone(),
+            id,
+            op,
+        };
+        let mut body = CTL_MAGIC.to_vec();
+        if let Err(e) = serde_json::to_writer(&mut body, &req) {
+            return fail(&req.op, e.to_string());
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        cluster
+            .registry
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tx);
+        let (dtx, drx) = std::sync::mpsc::channel();
+        let done: Done = Box::new(move |r| {
+            let _ = dtx.send(r);
+        });
+        let sent = cluster
+            .link
+            .publish_blocking(VOID_TOPIC, Bytes::from(body), Some(done));
+        let stored = match sent {
+            Ok(()) => drx
+                .recv_timeout(REGISTRY_WAIT)
+                .map_err(|_| "the cluster's log did not answer".to_string())
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
+        let outcome = match stored {
+            Ok(_) => rx.recv_timeout(REGISTRY_WAIT).unwrap_or_else(|_| {
+                fail(
+                    &req.op,
+                    "this node's replicator did not apply the change".into(),
+                )
+            }),
+            Err(why) => fail(&req.op, why),
+        };
+        cluster
+            .registry
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        outcome
+    }
+
+    /// [`lanemq_streams::engine::Engine::create`], cluster-wide in cluster mode.
+    pub fn create_stream(
+        &self,
+        def: lanemq_streams::StreamDef,
+    ) -> Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError> {
+        if !self.clustered() {
+            return self.streams.create(def);
+        }
+        match self.cluster_registry(RegistryChange::Create(def)) {
+            RegistryOutcome::Info(r) => r,
+            RegistryOutcome::Done(r) => r.and_then(|_| {
+                Err(lanemq_streams::StreamError::Storage(
+                    "unexpected answer".into(),
+                ))
+            }),
+        }
+    }
+
+    /// [`lanemq_streams::engine::Engine::update`], cluster-wide in cluster mode.
+    pub fn update_stream(
+        &self,
+        name: &str,
+        def: lanemq_streams::StreamDef,
+    ) -> Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError> {
+        if !self.clustered() {
+            return self.streams.update(name, def);
+        }
+        match self.cluster_registry(RegistryChange::Update(name.to_string(), def)) {
+            RegistryOutcome::Info(r) => r,
+            RegistryOutcome::Done(r) => r.and_then(|_| {
+                Err(lanemq_streams::StreamError::Storage(
+                    "unexpected answer".into(),
+                ))
+            }),
+        }
+    }
+
+    /// [`lanemq_streams::engine::Engine::delete`], cluster-wide in cluster mode.
+    pub fn delete_stream(&self, name: &str) -> Result<(), lanemq_streams::StreamError> {
+        if !self.clustered() {
+            return self.streams.delete(name);
+        }
+        match self.cluster_registry(RegistryChange::Delete(name.to_string())) {
+            RegistryOutcome::Done(r) => r,
+            RegistryOutcome::Info(r) => r.map(|_| ()),
+        }
+    }
+}
+
+/// Apply a control record read from the log (the replicator, right after storing its
+/// placeholder at the record's offset). Answers the REST call when this node asked.
+fn apply_control(broker: &Broker, payload: &[u8]) {
+    let Some(body) = payload.strip_prefix(CTL_MAGIC) else {
+        return;
+    };
+    let req: RegistryOp = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "cluster: a control record of the log is not understood; skipped");
+            return;
+        }
+    };
+    let outcome = tokio::task::block_in_place(|| match req.op {
+        RegistryChange::Create(def) => RegistryOutcome::Info(broker.streams.create(def)),
+        RegistryChange::Update(name, def) => {
+            RegistryOutcome::Info(broker.streams.update(&name, def))
+        }
+        RegistryChange::Delete(name) => RegistryOutcome::Done(broker.streams.delete(&name)),
+    });
+    let Some(cluster) = broker.cluster.get() else {
+        return;
+    };
+    if req.node == cluster.link.options().node_id {
+        if let Some(tx) = cluster
+            .registry
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&req.id)
+        {
+            let _ = tx.send(outcome);
+        }
+    }
 }
