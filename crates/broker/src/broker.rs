@@ -454,6 +454,11 @@ impl Broker {
                 return;
             }
         }
+        self.remove_and_end(session);
+    }
+
+    /// Take `session` out of the map (if it is still the one there) and end it.
+    fn remove_and_end(&self, session: &Arc<Session>) {
         let mut map = self.sessions_lock();
         if map
             .get(&session.client_id)
@@ -499,15 +504,7 @@ impl Broker {
                 return;
             }
         }
-        let mut map = self.sessions_lock();
-        if map
-            .get(&session.client_id)
-            .is_some_and(|s| Arc::ptr_eq(s, session))
-        {
-            map.remove(&session.client_id);
-        }
-        drop(map);
-        self.end_session(session);
+        self.remove_and_end(session);
     }
 
     /// End a session: unsubscribe everything, hand pending shared-subscription messages to

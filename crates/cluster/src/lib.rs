@@ -324,6 +324,14 @@ impl Link {
         })
     }
 
+    fn out(&self, topic: &str, payload: Bytes, done: Option<Done>) -> Out {
+        Out {
+            subject: subject_for(&self.opts.subject_prefix, topic),
+            payload,
+            done,
+        }
+    }
+
     /// Hand a record over for publishing under the subject of `topic`. Records are published
     /// in the order of the calls. `done` (if any) fires with the stream sequence once
     /// JetStream acknowledged it, or with the error that kept it from being stored. Waits
@@ -334,11 +342,7 @@ impl Link {
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), ClusterError> {
-        let out = Out {
-            subject: subject_for(&self.opts.subject_prefix, topic),
-            payload,
-            done,
-        };
+        let out = self.out(topic, payload, done);
         self.tx.send(out).await.map_err(|_| ClusterError::Closed)
     }
 
@@ -350,11 +354,7 @@ impl Link {
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), (Bytes, Option<Done>)> {
-        let out = Out {
-            subject: subject_for(&self.opts.subject_prefix, topic),
-            payload,
-            done,
-        };
+        let out = self.out(topic, payload, done);
         self.tx.try_send(out).map_err(|e| {
             let out = match e {
                 mpsc::error::TrySendError::Full(o) | mpsc::error::TrySendError::Closed(o) => o,
@@ -370,11 +370,7 @@ impl Link {
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), ClusterError> {
-        let out = Out {
-            subject: subject_for(&self.opts.subject_prefix, topic),
-            payload,
-            done,
-        };
+        let out = self.out(topic, payload, done);
         self.tx.blocking_send(out).map_err(|_| ClusterError::Closed)
     }
 
