@@ -690,3 +690,41 @@ fn apply_control(broker: &Broker, payload: &[u8]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lanemq_cluster::StreamState;
+
+    fn state(first_seq: u64, last_seq: u64) -> StreamState {
+        StreamState {
+            first_seq,
+            last_seq,
+            messages: (last_seq + 1).saturating_sub(first_seq),
+        }
+    }
+
+    #[test]
+    fn a_local_log_must_fit_the_clusters() {
+        // Empty stream: an empty log fits, a log with records does not (another log's data).
+        assert_eq!(base_offset(state(0, 0)), 0);
+        assert!(check_alignment(0, state(0, 0)).is_ok());
+        assert!(check_alignment(5, state(0, 0)).is_err());
+        // The stream holds 1..=100: a log at any point up to its end fits.
+        assert!(check_alignment(0, state(1, 100)).is_ok());
+        assert!(check_alignment(100, state(1, 100)).is_ok());
+        assert!(check_alignment(101, state(1, 100)).is_err());
+        // Its limits removed 1..=49: an empty log starts at offset 49; a log ending before
+        // that has a gap.
+        assert_eq!(base_offset(state(50, 100)), 49);
+        assert!(check_alignment(49, state(50, 100)).is_ok());
+        assert!(check_alignment(10, state(50, 100)).is_err());
+    }
+
+    #[test]
+    fn control_records_are_not_log_records() {
+        let mut body = CTL_MAGIC.to_vec();
+        body.extend_from_slice(b"{}");
+        assert!(lanemq_store::record::decode_record(Bytes::from(body)).is_err());
+    }
+}

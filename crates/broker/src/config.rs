@@ -690,4 +690,29 @@ ttl_s = 0
         assert!(Config::from_toml("").is_ok());
         assert!(Config::from_toml(DEFAULT_CONFIG_TOML).is_ok());
     }
+
+    #[test]
+    fn cluster_section_is_checked_before_start() {
+        let errs = Config::from_toml(
+            "[cluster]\nservers = [\"127.0.0.1:4222\"]\nnode_id = \"a b\"\nreplicas = 7\nsubject_prefix = \"x.*\"\n",
+        )
+        .unwrap_err()
+        .0;
+        let all = errs.join("\n");
+        for key in [
+            "cluster.servers",
+            "cluster.node_id",
+            "cluster.replicas",
+            "cluster.subject_prefix",
+        ] {
+            assert!(all.contains(key), "{key} not reported: {all}");
+        }
+        let c = Config::from_toml(
+            "[cluster]\nservers = [\"nats://127.0.0.1:4222\"]\nnode_id = \"n1\"\n",
+        )
+        .unwrap();
+        assert!(c.cluster.enabled());
+        assert_eq!(c.cluster.replicas, 3);
+        assert!(!Config::default().cluster.enabled());
+    }
 }
