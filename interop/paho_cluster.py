@@ -476,6 +476,26 @@ def rest_streams(nodes):
     )
 
 
+def cluster_metrics(nodes):
+    """Every node exports its cluster figures on /metrics."""
+    vals = []
+    for n in nodes:
+        st, body = rest(n, "GET", "/metrics")
+        m = {}
+        for line in body.decode(errors="replace").splitlines():
+            if line.startswith("lanemq_cluster_"):
+                k, _, v = line.partition(" ")
+                m[k] = float(v)
+        vals.append(m)
+    ok = all(
+        m.get("lanemq_cluster_replicated_total", 0) > 0
+        and m.get("lanemq_cluster_routed_offset", 0) > 0
+        and m.get("lanemq_cluster_replicator_failed") == 0
+        for m in vals
+    ) and sum(m.get("lanemq_cluster_published_total", 0) for m in vals) > 0
+    result("cluster_metrics", ok, "figures: %r" % vals)
+
+
 def wait_key(d, key, secs):
     end = time.time() + secs
     while time.time() < end and key not in d:
@@ -643,6 +663,7 @@ def main():
         stream_replay(nodes)
         session_move(nodes)
         rest_streams(nodes)
+        cluster_metrics(nodes)
         kill(nodes, nats)
         stream_replay(nodes, "stream_replay_after_kill", n=1401 + 300)
     finally:

@@ -296,6 +296,23 @@ pub struct BrokerMetrics {
     pub lite: LiteMetrics,
     pub parents: Vec<ParentFigures>,
     pub groups: Vec<GroupFigures>,
+    /// Cluster mode's figures (`None` on a single node).
+    pub cluster: Option<ClusterFigures>,
+}
+
+/// Cluster mode: the node's traffic with the cluster's log (docs/cluster.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterFigures {
+    /// Records this node handed to the cluster's log.
+    pub published: u64,
+    /// Records JetStream did not store (their publishers' connections were closed).
+    pub publish_failures: u64,
+    /// Records the replicator appended to the local log.
+    pub replicated: u64,
+    /// Every record below this log offset has been routed to this node's sessions.
+    pub routed_offset: u64,
+    /// 1 when the replicator stopped (fail-stop on a misaligned offset).
+    pub replicator_failed: u64,
 }
 
 /// A message to publish, checked for shape (the broker checks the topic, QoS and ACL).

@@ -30,9 +30,10 @@ mod token;
 
 pub use api::{router, router_with, serve, RouterOptions, API_PREFIX, REQUEST_TIMEOUT, ROUTES};
 pub use backend::{
-    AdminBackend, ApiPublish, BrokerMetrics, ClientInfo, GroupFigures, HistogramFigures, Kicked,
-    LaneDetail, LiteMetrics, LogFigures, ParentFigures, PublishError, Published, QosFigures,
-    RetainedInfo, StreamFigures, StreamMessageView, StreamPage, SubscriptionInfo,
+    AdminBackend, ApiPublish, BrokerMetrics, ClientInfo, ClusterFigures, GroupFigures,
+    HistogramFigures, Kicked, LaneDetail, LiteMetrics, LogFigures, ParentFigures, PublishError,
+    Published, QosFigures, RetainedInfo, StreamFigures, StreamMessageView, StreamPage,
+    SubscriptionInfo,
 };
 pub use http::{BODY_LIMIT, LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX};
 pub use lanes::METRICS_CONTENT_TYPE;

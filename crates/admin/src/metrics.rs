@@ -194,6 +194,43 @@ impl Collector for Scrape {
             None,
             b.connections,
         )?;
+        if let Some(c) = &b.cluster {
+            counter(
+                e,
+                "lanemq_cluster_published",
+                "Records this node handed to the cluster's log (cluster mode).",
+                None,
+                c.published,
+            )?;
+            counter(
+                e,
+                "lanemq_cluster_publish_failures",
+                "Records the cluster's log did not store; their connections were closed.",
+                None,
+                c.publish_failures,
+            )?;
+            counter(
+                e,
+                "lanemq_cluster_replicated",
+                "Records read from the cluster's log and appended to the local log.",
+                None,
+                c.replicated,
+            )?;
+            gauge(
+                e,
+                "lanemq_cluster_routed_offset",
+                "Every record below this log offset has been routed to this node's sessions.",
+                None,
+                c.routed_offset,
+            )?;
+            gauge(
+                e,
+                "lanemq_cluster_replicator_failed",
+                "1 when the replicator stopped on a misaligned offset (fail-stop).",
+                None,
+                c.replicator_failed,
+            )?;
+        }
         gauge(
             e,
             "lanemq_connections_hibernating",
@@ -735,6 +772,13 @@ mod tests {
 
     fn sample() -> BrokerMetrics {
         BrokerMetrics {
+            cluster: Some(crate::backend::ClusterFigures {
+                published: 11,
+                publish_failures: 1,
+                replicated: 12,
+                routed_offset: 13,
+                replicator_failed: 0,
+            }),
             connections: 3,
             connections_hibernating: 2,
             connections_accepted: 10,
@@ -792,6 +836,11 @@ mod tests {
             "lanemq_connections 3",
             "# TYPE lanemq_connections_hibernating gauge",
             "lanemq_connections_hibernating 2",
+            "lanemq_cluster_published_total 11",
+            "lanemq_cluster_publish_failures_total 1",
+            "lanemq_cluster_replicated_total 12",
+            "lanemq_cluster_routed_offset 13",
+            "lanemq_cluster_replicator_failed 0",
             "# TYPE lanemq_connections_accepted_total counter",
             "lanemq_connections_accepted_total 10",
             "lanemq_connections_refused_total{reason=\"bad_user_name_or_password\"} 2",

@@ -589,7 +589,15 @@ impl AdminBackend for BrokerAdmin {
             }));
         }
         let total = sessions.len() as u64;
+        let cluster = b.cluster.get().map(|c| lanemq_admin::ClusterFigures {
+            published: c.published.load(Ordering::Relaxed),
+            publish_failures: c.publish_failures.load(Ordering::Relaxed),
+            replicated: c.replicated.load(Ordering::Relaxed),
+            routed_offset: c.routed.load(Ordering::Relaxed),
+            replicator_failed: u64::from(c.failed.load(Ordering::Relaxed)),
+        });
         BrokerMetrics {
+            cluster,
             uptime_seconds: b.started.elapsed().as_secs(),
             connections: st.clients_connected.load(Ordering::Relaxed) as u64,
             connections_hibernating: b.lot.parked() as u64,

@@ -51,7 +51,7 @@ pub struct Cluster {
     /// Records the replicator appended to the local log.
     pub replicated: AtomicU64,
     /// Records JetStream did not store (their connections were closed unacknowledged).
-    pub publish_failures: AtomicU64,
+    pub publish_failures: Arc<AtomicU64>,
     /// The replicator stopped on a misaligned offset (fail-stop).
     pub failed: AtomicBool,
     /// The sessions bucket (`crate::cluster_sessions`).
@@ -99,7 +99,7 @@ impl Cluster {
             link,
             published: AtomicU64::new(0),
             replicated: AtomicU64::new(0),
-            publish_failures: AtomicU64::new(0),
+            publish_failures: Arc::new(AtomicU64::new(0)),
             failed: AtomicBool::new(false),
             kv,
             installs,
@@ -180,7 +180,11 @@ impl Broker {
         msg.forwarded = true;
         let payload = encode(msg, inbound_pid)?;
         let done: Option<Done> = on_durable.map(|cb| {
+            let failures = cluster.publish_failures.clone();
             let c: Done = Box::new(move |r: Result<u64, ClusterError>| {
+                if r.is_err() {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
                 cb(r.map(|seq| seq.saturating_sub(1))
                     .map_err(|e| StoreError::Cluster(e.to_string())));
             });
