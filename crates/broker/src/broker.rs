@@ -125,7 +125,7 @@ pub struct Broker {
     /// The queue limits every session shares.
     queue_limits: Arc<QueueLimits>,
     /// Cluster mode's link and counters (set once at start; empty on a single node).
-    pub cluster: std::sync::OnceLock<crate::cluster::Cluster>,
+    pub cluster: std::sync::OnceLock<crate::cluster_state::Cluster>,
 }
 
 /// Authentication and authorization in force.

@@ -24,10 +24,11 @@
 //!   stored as an empty `$lanemq/void` record, never delivered, so offsets stay aligned.
 
 use crate::broker::Broker;
+use crate::cluster_state::{Cluster, RegistryOutcome};
 use crate::ingest::Admitted;
 use crate::message::{Message, NOT_STORED};
 use bytes::Bytes;
-use lanemq_cluster::{ClusterError, Done, Link, LinkOptions};
+use lanemq_cluster::{ClusterError, Done};
 use lanemq_store::{Callback, RecordIn, StoreError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,75 +41,6 @@ const REPORT_EVERY: Duration = Duration::from_secs(10);
 
 /// The topic of the placeholder record stored for a stream message that is not a lanemq record.
 pub const VOID_TOPIC: &str = "$lanemq/void";
-
-/// Cluster mode's state in the broker.
-#[derive(Debug)]
-pub struct Cluster {
-    /// The link to JetStream.
-    pub link: Link,
-    /// Records handed to the link.
-    pub published: AtomicU64,
-    /// Records the replicator appended to the local log.
-    pub replicated: AtomicU64,
-    /// Records JetStream did not store (their connections were closed unacknowledged).
-    pub publish_failures: Arc<AtomicU64>,
-    /// The replicator stopped on a misaligned offset (fail-stop).
-    pub failed: AtomicBool,
-    /// The sessions bucket (`crate::cluster_sessions`).
-    pub kv: lanemq_cluster::Kv,
-    /// Resumed sessions for the replicator to install.
-    pub installs: tokio::sync::mpsc::UnboundedSender<crate::cluster_sessions::Install>,
-    installs_rx: std::sync::Mutex<
-        Option<tokio::sync::mpsc::UnboundedReceiver<crate::cluster_sessions::Install>>,
-    >,
-    /// Every record below this offset has been routed to this node's sessions.
-    pub routed: AtomicU64,
-    /// REST calls waiting for their registry change (`Broker::create_stream` and the rest).
-    pub registry: RegistryWaits,
-}
-
-impl Cluster {
-    /// Connect to the cluster named in `cfg` (blocks up to its `connect_timeout_ms`).
-    pub async fn connect(cfg: &crate::config::ClusterConfig) -> Result<Cluster, ClusterError> {
-        let opts = LinkOptions {
-            servers: cfg.servers.clone(),
-            node_id: cfg.node_id.clone(),
-            stream: cfg.stream.clone(),
-            subject_prefix: cfg.subject_prefix.clone(),
-            replicas: cfg.replicas,
-            max_age: Duration::ZERO,
-            max_bytes: 0,
-            publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
-            queue_records: 16_384,
-        };
-        let link = Link::connect(opts, Duration::from_millis(cfg.connect_timeout_ms)).await?;
-        // The bucket, once JetStream answers (a fresh cluster elects its leaders first).
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
-        let kv = loop {
-            match link.sessions().await {
-                Ok(kv) => break kv,
-                Err(e) if tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "cluster: sessions bucket not ready yet; retrying");
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        let (installs, rx) = tokio::sync::mpsc::unbounded_channel();
-        Ok(Cluster {
-            link,
-            published: AtomicU64::new(0),
-            replicated: AtomicU64::new(0),
-            publish_failures: Arc::new(AtomicU64::new(0)),
-            failed: AtomicBool::new(false),
-            kv,
-            installs,
-            installs_rx: std::sync::Mutex::new(Some(rx)),
-            routed: AtomicU64::new(0),
-            registry: RegistryWaits::default(),
-        })
-    }
-}
 
 /// The log offset an empty local log starts at to join the cluster, or why this node's log
 /// cannot be a replica of the cluster's.
@@ -297,7 +229,7 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
         .unwrap_or_else(|e| e.into_inner())
         .take()
         .ok_or("the replicator runs once")?;
-    let mut waiting: Vec<crate::cluster_sessions::Install> = Vec::new();
+    let mut waiting: Vec<crate::cluster_state::Install> = Vec::new();
     cluster.routed.store(store.next_offset(), Ordering::SeqCst);
     loop {
         if broker.is_shutting_down() {
@@ -527,21 +459,6 @@ enum RegistryChange {
     Create(lanemq_streams::StreamDef),
     Update(String, lanemq_streams::StreamDef),
     Delete(String),
-}
-
-/// The outcome of a registry change, for the REST call that asked for it.
-#[derive(Debug)]
-pub(crate) enum RegistryOutcome {
-    Info(Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError>),
-    Done(Result<(), lanemq_streams::StreamError>),
-}
-
-/// REST calls waiting for their registry change to come back through the log.
-#[derive(Debug, Default)]
-pub struct RegistryWaits {
-    next: AtomicU64,
-    waiting:
-        std::sync::Mutex<std::collections::HashMap<u64, std::sync::mpsc::Sender<RegistryOutcome>>>,
 }
 
 /// How long a REST call waits for its registry change to come back through the log.

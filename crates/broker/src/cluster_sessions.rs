@@ -25,6 +25,7 @@
 //! node's crash, as `docs/cluster.md` says).
 
 use crate::broker::Broker;
+use crate::cluster_state::{Install, SessionRecord};
 use crate::message::{Delivery, Message};
 use crate::router::Subscriber;
 use crate::session::{Session, Subscription};
@@ -43,25 +44,6 @@ const BUCKET_WAIT: Duration = Duration::from_secs(20);
 /// How long a node waits for the owner of a session to hand it over.
 const TAKEOVER_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// A persistent session as the cluster's sessions bucket (and a takeover answer) holds it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SessionRecord {
-    /// The node that owns the session.
-    pub node: String,
-    /// MQTT protocol level of its last connection.
-    pub protocol: u8,
-    /// Session Expiry Interval, seconds.
-    pub expiry_s: u32,
-    /// Subscriptions: the full filter and its stored options (`crate::sub_codec`, in hex).
-    pub subs: Vec<(String, String)>,
-    /// Records from this log offset on that match the subscriptions are the session's to
-    /// receive (they were not routed to it by the owner, or not acknowledged).
-    pub position: u64,
-    /// A takeover's exact queue: `(offset, qos, retain)` of the deliveries the owner still had
-    /// (in flight, queued, spilled), in order; empty in the bucket.
-    pub queue: Vec<(u64, u8, bool)>,
-}
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -75,14 +57,6 @@ fn unhex6(s: &str) -> Option<[u8; 6]> {
         *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(out)
-}
-
-/// A request to the replicator: install a resumed session.
-#[derive(Debug)]
-pub struct Install {
-    pub session: Arc<Session>,
-    pub record: SessionRecord,
-    pub done: tokio::sync::oneshot::Sender<()>,
 }
 
 /// The takeover request.

@@ -9,6 +9,7 @@ pub mod anyhow_lite;
 pub mod broker;
 pub mod cluster;
 pub mod cluster_sessions;
+pub mod cluster_state;
 pub mod config;
 pub mod config_lines;
 pub mod connection;

@@ -82,7 +82,7 @@ impl Server {
         // Cluster mode: the NATS servers and the log stream before storage (an empty local
         // log starts where the cluster's log starts).
         let cluster = if config.cluster.enabled() {
-            let c = crate::cluster::Cluster::connect(&config.cluster)
+            let c = crate::cluster_state::Cluster::connect(&config.cluster)
                 .await
                 .map_err(|e| anyhow_lite::Error(format!("cluster: {e}")))?;
             let state = c

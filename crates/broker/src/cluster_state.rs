@@ -1,0 +1,123 @@
+//! Cluster mode's state held by the broker (`Broker::cluster`): the link to JetStream, the
+//! sessions bucket, the node's counters, and the queues between the replicator and the
+//! callers that wait on it (resumed sessions to install, REST registry changes). The types
+//! only: the behaviour is in `crate::cluster` and `crate::cluster_sessions`, above the broker.
+//!
+//! Invariant: this module imports nothing above the session layer, so `broker.rs` can hold a
+//! `Cluster` without an import circle.
+
+use crate::session::Session;
+use lanemq_cluster::{ClusterError, Link, LinkOptions};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Cluster mode's state in the broker.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The link to JetStream.
+    pub link: Link,
+    /// Records handed to the link.
+    pub published: AtomicU64,
+    /// Records the replicator appended to the local log.
+    pub replicated: AtomicU64,
+    /// Records JetStream did not store (their connections were closed unacknowledged).
+    pub publish_failures: Arc<AtomicU64>,
+    /// The replicator stopped on a misaligned offset (fail-stop).
+    pub failed: AtomicBool,
+    /// The sessions bucket (`crate::cluster_sessions`).
+    pub kv: lanemq_cluster::Kv,
+    /// Resumed sessions for the replicator to install.
+    pub installs: tokio::sync::mpsc::UnboundedSender<Install>,
+    pub(crate) installs_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Install>>>,
+    /// Every record below this offset has been routed to this node's sessions.
+    pub routed: AtomicU64,
+    /// REST calls waiting for their registry change (`Broker::create_stream` and the rest).
+    pub registry: RegistryWaits,
+}
+
+impl Cluster {
+    /// Connect to the cluster named in `cfg` (blocks up to its `connect_timeout_ms`).
+    pub async fn connect(cfg: &crate::config::ClusterConfig) -> Result<Cluster, ClusterError> {
+        let opts = LinkOptions {
+            servers: cfg.servers.clone(),
+            node_id: cfg.node_id.clone(),
+            stream: cfg.stream.clone(),
+            subject_prefix: cfg.subject_prefix.clone(),
+            replicas: cfg.replicas,
+            max_age: Duration::ZERO,
+            max_bytes: 0,
+            publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
+            queue_records: 16_384,
+        };
+        let link = Link::connect(opts, Duration::from_millis(cfg.connect_timeout_ms)).await?;
+        // The bucket, once JetStream answers (a fresh cluster elects its leaders first).
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.connect_timeout_ms);
+        let kv = loop {
+            match link.sessions().await {
+                Ok(kv) => break kv,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "cluster: sessions bucket not ready yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let (installs, rx) = tokio::sync::mpsc::unbounded_channel();
+        Ok(Cluster {
+            link,
+            published: AtomicU64::new(0),
+            replicated: AtomicU64::new(0),
+            publish_failures: Arc::new(AtomicU64::new(0)),
+            failed: AtomicBool::new(false),
+            kv,
+            installs,
+            installs_rx: std::sync::Mutex::new(Some(rx)),
+            routed: AtomicU64::new(0),
+            registry: RegistryWaits::default(),
+        })
+    }
+}
+
+/// The outcome of a registry change, for the REST call that asked for it.
+#[derive(Debug)]
+pub(crate) enum RegistryOutcome {
+    Info(Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError>),
+    Done(Result<(), lanemq_streams::StreamError>),
+}
+
+/// REST calls waiting for their registry change to come back through the log.
+#[derive(Debug, Default)]
+pub struct RegistryWaits {
+    pub(crate) next: AtomicU64,
+    pub(crate) waiting:
+        std::sync::Mutex<std::collections::HashMap<u64, std::sync::mpsc::Sender<RegistryOutcome>>>,
+}
+
+/// A persistent session as the cluster's sessions bucket (and a takeover answer) holds it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// The node that owns the session.
+    pub node: String,
+    /// MQTT protocol level of its last connection.
+    pub protocol: u8,
+    /// Session Expiry Interval, seconds.
+    pub expiry_s: u32,
+    /// Subscriptions: the full filter and its stored options (`crate::sub_codec`, in hex).
+    pub subs: Vec<(String, String)>,
+    /// Records from this log offset on that match the subscriptions are the session's to
+    /// receive (they were not routed to it by the owner, or not acknowledged).
+    pub position: u64,
+    /// A takeover's exact queue: `(offset, qos, retain)` of the deliveries the owner still had
+    /// (in flight, queued, spilled), in order; empty in the bucket.
+    pub queue: Vec<(u64, u8, bool)>,
+}
+
+/// A request to the replicator: install a resumed session.
+#[derive(Debug)]
+pub struct Install {
+    pub session: Arc<Session>,
+    pub record: SessionRecord,
+    pub done: tokio::sync::oneshot::Sender<()>,
+}
