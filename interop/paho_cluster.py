@@ -135,6 +135,10 @@ token = "cluster-test-token"
 [[streams]]
 name = "all"
 topic_filter = "t/#"
+
+[[lite.parents]]
+name = "agents"
+pattern = "agents/{lane}/#"
 """
                 % (self.dir, self.http)
             )
@@ -545,6 +549,132 @@ def session_move(nodes):
     pub.disconnect()
 
 
+class LaneCollector:
+    """Lane deliveries of several group members, in arrival order: (member, lane, offset, payload)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.msgs = []
+
+    def member(self, name):
+        def on_message(c, u, m):
+            ups = dict(m.properties.UserProperty) if hasattr(m.properties, "UserProperty") else {}
+            with self.lock:
+                self.msgs.append((name, ups.get("lane"), int(ups.get("lane-offset", -1)), m.payload.decode()))
+
+        return on_message
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.msgs)
+
+    def wait(self, pred, secs):
+        end = time.time() + secs
+        while time.time() < end and not pred(self.snapshot()):
+            time.sleep(0.1)
+        return self.snapshot()
+
+
+def lane_order_ok(msgs, lanes):
+    """Per lane, the offsets in arrival order never go back, and each payload is its offset."""
+    for lane in lanes:
+        offs = [o for (_, l, o, _) in msgs if l == lane]
+        if offs != sorted(offs):
+            return False
+    return all(str(o) == p.split(":")[1] for (_, _, o, p) in msgs)
+
+
+def publish_lanes(nodes, tag, lanes, first, n):
+    """Lane i is published from node i % 3, messages first..first+n-1 (payload lane:k)."""
+    pubs = [client("%s-pub%d" % (tag, i), nodes[i].port) for i in range(len(nodes))]
+    infos = []
+    for k in range(first, first + n):
+        for i, lane in enumerate(lanes):
+            infos.append(pubs[i % len(pubs)].publish("agents/%s/req" % lane, "%s:%d" % (lane, k), qos=1))
+    for i in infos:
+        i.wait_for_publish(30)
+    ok = all(i.is_published() for i in infos)
+    for p in pubs:
+        p.disconnect()
+    return ok
+
+
+def lanes_across_nodes(nodes):
+    """One consumer group with a member on every node: each lane message once, in lane order."""
+    col = LaneCollector()
+    members = []
+    for i, node in enumerate(nodes):
+        m = client("w-%d" % i, node.port, on_message=col.member("node%d" % i))
+        subscribe(m, "$share/workers/agents/+/#", 1)
+        members.append(m)
+    time.sleep(SYNC_WAIT * 2)
+    lanes = ["s-%d" % i for i in range(12)]
+    ok = publish_lanes(nodes, "w", lanes, 0, 25)
+    want = {(l, k) for l in lanes for k in range(25)}
+    msgs = col.wait(lambda ms: want <= {(l, o) for (_, l, o, _) in ms}, 30)
+    time.sleep(1)
+    msgs = col.snapshot()
+    got = {(l, o) for (_, l, o, _) in msgs}
+    dups = len(msgs) - len(got)
+    by_node = {}
+    for (name, _, _, _) in msgs:
+        by_node[name] = by_node.get(name, 0) + 1
+    holders = {l: {name for (name, ll, _, _) in msgs if ll == l} for l in lanes}
+    for m in members:
+        m.disconnect()
+    print("lanes_shared_across_nodes: pubacked=%s delivered=%d duplicates=%d per node=%s" % (ok, len(want & got), dups, by_node), flush=True)
+    result(
+        "lanes_shared_across_nodes",
+        ok and want <= got and dups == 0 and lane_order_ok(msgs, lanes) and len(by_node) >= 2
+        and all(len(h) == 1 for h in holders.values()),
+        "pubacked=%s delivered=%d of %d duplicates=%d per node=%s in_order=%s"
+        % (ok, len(want & got), len(want), dups, by_node, lane_order_ok(msgs, lanes)),
+    )
+
+
+def lanes_node_loss(nodes):
+    """Group offsets survive the loss of the node that dispatched a lane: after a kill -9 its
+    lanes go on from the committed offsets on the other node, in order."""
+    col = LaneCollector()
+    m0 = client("v-0", nodes[0].port, on_message=col.member("node0"))
+    subscribe(m0, "$share/movers/agents/+/#", 1)
+    m1 = client("v-1", nodes[1].port, on_message=col.member("node1"))
+    subscribe(m1, "$share/movers/agents/+/#", 1)
+    time.sleep(SYNC_WAIT * 2)
+    lanes = ["m-%d" % i for i in range(12)]
+    ok1 = publish_lanes(nodes[1:], "v1", lanes, 0, 20)
+    first = {(l, k) for l in lanes for k in range(20)}
+    col.wait(lambda ms: first <= {(l, o) for (_, l, o, _) in ms}, 30)
+    on0 = {l for (name, l, _, _) in col.snapshot() if name == "node0"}
+    pre = [(l, o) for (_, l, o, _) in col.snapshot()]
+    dup_before = len(pre) - len(set(pre))
+    # The acks are committed through the log before the kill.
+    time.sleep(2)
+    before = len(col.snapshot())
+    t0 = time.time()
+    nodes[0].kill9()
+    m0.loop_stop()
+    ok2 = publish_lanes(nodes[1:], "v2", lanes, 20, 20)
+    second = {(l, k) for l in lanes for k in range(20, 40)}
+    msgs = col.wait(lambda ms: second <= {(l, o) for (_, l, o, _) in ms}, 40)
+    moved_s = time.time() - t0
+    after = msgs[before:]
+    again = [(l, o) for (_, l, o, _) in after if o < 20]
+    got2 = {(l, o) for (_, l, o, _) in after}
+    nodes[0].start()
+    m1.disconnect()
+    print("lanes_offsets_survive_node_loss: lanes on the killed node=%d, after the kill %d of %d delivered in %.1f s, %d redelivered from before"
+          % (len(on0), len(second & got2), len(second), moved_s, len(again)), flush=True)
+    result(
+        "lanes_offsets_survive_node_loss",
+        ok1 and ok2 and len(on0) > 0 and dup_before == 0 and second <= got2 and not again
+        and lane_order_ok(after, lanes),
+        "lanes on the killed node=%d duplicates before the kill=%d delivered after the kill=%d of %d (in %.1f s) "
+        "redelivered from before=%d in_order=%s"
+        % (len(on0), dup_before, len(second & got2), len(second), moved_s, len(again), lane_order_ok(after, lanes)),
+    )
+
+
 def kill(nodes, nats):
     # Persistent subscribers on nodes 2 and 3 (QoS 1 and QoS 2); node 1 is the one killed.
     c1, c2 = Collector(), Collector()
@@ -664,6 +794,8 @@ def main():
         session_move(nodes)
         rest_streams(nodes)
         cluster_metrics(nodes)
+        lanes_across_nodes(nodes)
+        lanes_node_loss(nodes)
         kill(nodes, nats)
         stream_replay(nodes, "stream_replay_after_kill", n=1401 + 300)
     finally:

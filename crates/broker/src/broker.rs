@@ -59,6 +59,14 @@ impl crate::lite::Ingest for Broker {
         self.cluster_publish_internal(msg);
         true
     }
+
+    fn cluster_node(&self) -> Option<String> {
+        self.cluster.get().map(|c| c.link.options().node_id.clone())
+    }
+
+    fn lane_op(&self, op: crate::lite::LaneOp) {
+        self.cluster_lane_op(op);
+    }
 }
 
 impl Stats {

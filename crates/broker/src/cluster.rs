@@ -231,6 +231,7 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
         .ok_or("the replicator runs once")?;
     let mut waiting: Vec<crate::cluster_state::Install> = Vec::new();
     cluster.routed.store(store.next_offset(), Ordering::SeqCst);
+    replay_lane_membership(broker, &link, store.next_offset()).await;
     loop {
         if broker.is_shutting_down() {
             return Ok(());
@@ -302,6 +303,42 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
     }
 }
 
+/// The lane membership records this node's local log already holds, read again from the
+/// cluster's log so the dispatcher knows the groups' member sets (they are not kept locally).
+async fn replay_lane_membership(broker: &Broker, link: &lanemq_cluster::Link, next_offset: u64) {
+    let mut pause = Duration::from_millis(250);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match link.read_subject(LANES_TOPIC, next_offset).await {
+            Ok(entries) => {
+                let n = entries.len();
+                for e in entries {
+                    if let Some(op) = lane_op_of(&e.payload) {
+                        broker.lite.send(crate::lite::Event::Remote {
+                            op,
+                            at: e.seq.saturating_sub(1),
+                            replay: true,
+                        });
+                    }
+                }
+                if n > 0 {
+                    info!(records = n, "cluster: lane membership read again");
+                }
+                return;
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                warn!(error = %e, "cluster: cannot read the lane membership records; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => {
+                error!(error = %e, "cluster: lane membership records not read; lanes of groups with members on other nodes may wait for a node's restart");
+                return;
+            }
+        }
+    }
+}
+
 /// Append one record of the stream to the local log at its offset.
 fn apply(
     broker: &Arc<Broker>,
@@ -354,7 +391,7 @@ fn apply(
             }
             if control {
                 // A registry change: applied here, after its placeholder, on every node.
-                apply_control(broker, &e.payload);
+                apply_control(broker, &e.payload, offset);
             }
             return Ok(());
         }
@@ -453,18 +490,171 @@ pub(crate) struct RegistryOp {
     op: RegistryChange,
 }
 
-/// A change of one named stream.
+/// A change of one named stream, or a lane record (`crate::lite::LaneOp`).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 enum RegistryChange {
     Create(lanemq_streams::StreamDef),
     Update(String, lanemq_streams::StreamDef),
     Delete(String),
+    Lane(crate::lite::LaneOp),
+}
+
+/// The topic of the lane membership records: a starting node reads this subject of the log
+/// again to know the groups' member sets (`crate::lite_cluster`).
+pub const LANES_TOPIC: &str = "$lanemq/lanes";
+/// How often a node tells the others it is alive.
+const BEAT_EVERY: Duration = Duration::from_secs(1);
+/// A node not heard for this long is declared down (its lanes go to the other nodes).
+pub const NODE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The control record of a lane record, and the topic it goes under.
+fn lane_record(node: &str, op: crate::lite::LaneOp) -> Option<(&'static str, Bytes)> {
+    let topic = if op.is_membership() {
+        LANES_TOPIC
+    } else {
+        VOID_TOPIC
+    };
+    let req = RegistryOp {
+        node: node.to_string(),
+        id: 0,
+        op: RegistryChange::Lane(op),
+    };
+    let mut body = CTL_MAGIC.to_vec();
+    match serde_json::to_writer(&mut body, &req) {
+        Ok(()) => Some((topic, Bytes::from(body))),
+        Err(e) => {
+            warn!(error = %e, "cluster: cannot encode a lane record");
+            None
+        }
+    }
+}
+
+/// A lane record read again from the log at start (`Event::Remote` with `replay`).
+fn lane_op_of(payload: &[u8]) -> Option<crate::lite::LaneOp> {
+    let body = payload.strip_prefix(CTL_MAGIC)?;
+    match serde_json::from_slice::<RegistryOp>(body).ok()?.op {
+        RegistryChange::Lane(op) => Some(op),
+        _ => None,
+    }
+}
+
+/// Tell the other nodes this node is alive, and declare down the group members not heard
+/// for [`NODE_TIMEOUT`] (only the lowest live node does, so one record is written).
+pub fn spawn_lane_watch(broker: Arc<Broker>) {
+    let Some(c) = broker.cluster.get() else {
+        return;
+    };
+    let link = c.link.clone();
+    let beat = link.clone();
+    let b = broker.clone();
+    tokio::spawn(async move {
+        let mut shutdown = b.shutdown_signal();
+        loop {
+            if let Err(e) = beat.beat().await {
+                tracing::debug!(error = %e, "cluster: heartbeat not sent");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(BEAT_EVERY) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let me = link.options().node_id.clone();
+        let mut shutdown = broker.shutdown_signal();
+        let mut beats = loop {
+            match link.beats().await {
+                Ok(b) => break b,
+                Err(e) => {
+                    warn!(error = %e, "cluster: cannot watch the nodes' heartbeats; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(BEAT_EVERY) => {}
+                        _ = shutdown.changed() => return,
+                    }
+                }
+            }
+        };
+        let started = tokio::time::Instant::now();
+        let mut seen: std::collections::HashMap<String, tokio::time::Instant> =
+            std::collections::HashMap::new();
+        let mut declared: std::collections::HashMap<String, tokio::time::Instant> =
+            std::collections::HashMap::new();
+        let mut tick = tokio::time::interval(BEAT_EVERY);
+        loop {
+            tokio::select! {
+                n = beats.next() => match n {
+                    Some(n) => {
+                        seen.insert(n, tokio::time::Instant::now());
+                    }
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    let now = tokio::time::Instant::now();
+                    if now - started < NODE_TIMEOUT {
+                        continue;
+                    }
+                    let alive = |n: &str| {
+                        n == me || seen.get(n).is_some_and(|t| now - *t < NODE_TIMEOUT)
+                    };
+                    let lowest = seen
+                        .keys()
+                        .map(String::as_str)
+                        .filter(|n| alive(n))
+                        .chain([me.as_str()])
+                        .min()
+                        .map(str::to_string);
+                    if lowest.as_deref() != Some(me.as_str()) {
+                        continue;
+                    }
+                    for node in broker.lite.cluster_members() {
+                        if alive(&node)
+                            || declared.get(&node).is_some_and(|t| now - *t < NODE_TIMEOUT * 2)
+                        {
+                            continue;
+                        }
+                        warn!(%node, "cluster: node not heard for {NODE_TIMEOUT:?}; declared down (its lanes go to the other nodes)");
+                        let op = crate::lite::LaneOp::Down {
+                            node: node.clone(),
+                            boot: 0,
+                        };
+                        if let Some((topic, body)) = lane_record(&me, op) {
+                            let done: Done = Box::new(|_| {});
+                            if let Err(e) = link.publish(topic, body, Some(done)).await {
+                                warn!(error = %e, "cluster: cannot write a lane record");
+                            }
+                        }
+                        declared.insert(node, now);
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    });
 }
 
 /// How long a REST call waits for its registry change to come back through the log.
 const REGISTRY_WAIT: Duration = Duration::from_secs(30);
 
 impl Broker {
+    /// Cluster mode: write a lane record to the log (from the lane dispatcher's thread; in
+    /// the order of the calls, acknowledged and retried like a QoS 1 record).
+    pub(crate) fn cluster_lane_op(&self, op: crate::lite::LaneOp) {
+        let Some(cluster) = self.cluster.get() else {
+            return;
+        };
+        let Some((topic, body)) = lane_record(&cluster.link.options().node_id, op) else {
+            return;
+        };
+        let done: Done = Box::new(|r| {
+            if let Err(e) = r {
+                warn!(error = %e, "cluster: a lane record was not stored");
+            }
+        });
+        if let Err(e) = cluster.link.publish_blocking(topic, body, Some(done)) {
+            warn!(error = %e, "cluster: cannot write a lane record");
+        }
+    }
+
     /// Cluster mode: create, update or delete a named stream on every node. The change goes
     /// through the cluster's log as a control record; every node applies it when its
     /// replicator reaches it (so every node's stream starts at the same offset), and this
@@ -578,7 +768,7 @@ impl Broker {
 
 /// Apply a control record read from the log (the replicator, right after storing its
 /// placeholder at the record's offset). Answers the REST call when this node asked.
-fn apply_control(broker: &Broker, payload: &[u8]) {
+fn apply_control(broker: &Broker, payload: &[u8], offset: u64) {
     let Some(body) = payload.strip_prefix(CTL_MAGIC) else {
         return;
     };
@@ -589,7 +779,19 @@ fn apply_control(broker: &Broker, payload: &[u8]) {
             return;
         }
     };
-    let outcome = tokio::task::block_in_place(|| match req.op {
+    let op = match req.op {
+        RegistryChange::Lane(op) => {
+            broker.lite.send(crate::lite::Event::Remote {
+                op,
+                at: offset,
+                replay: false,
+            });
+            return;
+        }
+        op => op,
+    };
+    let outcome = tokio::task::block_in_place(|| match op {
+        RegistryChange::Lane(_) => RegistryOutcome::Done(Ok(())),
         RegistryChange::Create(def) => RegistryOutcome::Info(broker.streams.create(def)),
         RegistryChange::Update(name, def) => {
             RegistryOutcome::Info(broker.streams.update(&name, def))

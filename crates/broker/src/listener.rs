@@ -198,6 +198,7 @@ impl Server {
             crate::cluster::spawn_replicator(broker.clone());
             crate::cluster_sessions::spawn_takeover_server(broker.clone());
             crate::cluster_sessions::spawn_sync(broker.clone());
+            crate::cluster::spawn_lane_watch(broker.clone());
         }
         crate::retention::spawn(broker.clone());
         spawn_stream_gc(broker.clone());

@@ -52,6 +52,10 @@ pub const SUSPEND_MIN_MS: u64 = 50;
 const DEADLINES_MIN_CAP: usize = 4096;
 
 pub use crate::message::LaneTag;
+pub use cluster::LaneOp;
+
+#[path = "lite_cluster.rs"]
+mod cluster;
 
 /// What the dispatcher needs of the broker besides the log: to route a stored message (a
 /// dead letter, once durable). The broker implements it; the dispatcher holds it weakly
@@ -61,6 +65,10 @@ pub trait Ingest: Send + Sync {
     /// Cluster mode: publish a message of the dispatcher's own (a dead letter) through the
     /// cluster's log and return true; false on a single node (the caller appends it).
     fn publish_clustered(&self, msg: &Message) -> bool;
+    /// Cluster mode: this node's id (`None`: a single node).
+    fn cluster_node(&self) -> Option<String>;
+    /// Cluster mode: write a lane record to the cluster's log (in the order of the calls).
+    fn lane_op(&self, op: LaneOp);
 }
 
 /// Where a new group starts.
@@ -162,6 +170,13 @@ pub enum Event {
     },
     DlqDurable(Arc<Message>),
     LanesRemoved(Vec<u64>),
+    /// Cluster mode: a lane record of the cluster's log at offset `at` (`replay`: read
+    /// again at start).
+    Remote {
+        op: LaneOp,
+        at: u64,
+        replay: bool,
+    },
     Query(Query),
     Stop,
 }
@@ -185,6 +200,8 @@ pub struct Lite {
     /// The lane index checkpoints (fsyncs) run on a thread of their own, off the dispatcher.
     checkpointer: Mutex<Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>>,
     settings: Settings,
+    /// Cluster mode: the nodes in some group's member set (`crate::lite_cluster`).
+    cluster_members: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Lite {
@@ -197,6 +214,7 @@ impl Lite {
             poked: Arc::new(AtomicBool::new(false)),
             thread: Mutex::new(None),
             checkpointer: Mutex::new(None),
+            cluster_members: Arc::new(Mutex::new(BTreeSet::new())),
             settings: Settings {
                 sweep_interval: Duration::from_millis(cfg.sweep_interval_ms.max(10)),
                 flush_interval: Duration::from_millis(cfg.flush_interval_ms.max(1)),
@@ -233,6 +251,8 @@ impl Lite {
             recent: HashMap::new(),
             unflushed: false,
             dead_letters: HashMap::new(),
+            cluster: None,
+            cluster_members: self.cluster_members.clone(),
         };
         let h = std::thread::Builder::new()
             .name("lite-dispatch".into())
@@ -252,6 +272,16 @@ impl Lite {
             })?;
         *self.checkpointer.lock().unwrap_or_else(|e| e.into_inner()) = Some((stop, c));
         Ok(())
+    }
+
+    /// Cluster mode: the nodes that are in some group's member set now.
+    pub fn cluster_members(&self) -> Vec<String> {
+        self.cluster_members
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     pub fn send(&self, e: Event) {
@@ -485,10 +515,14 @@ pub struct Dispatcher {
     unflushed: bool,
     /// Messages dead-lettered since start, by (parent, group) (`$private` for replays).
     dead_letters: HashMap<(u32, Arc<str>), u64>,
+    /// Cluster mode: which lanes this node dispatches (`crate::lite_cluster`).
+    cluster: Option<cluster::ClusterLanes>,
+    cluster_members: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Dispatcher {
     fn run(&mut self, rx: mpsc::Receiver<Event>) {
+        self.cluster_start();
         let mut last_sweep = Instant::now();
         let mut last_flush = Instant::now();
         loop {
@@ -525,6 +559,7 @@ impl Dispatcher {
                 if matches!(e, Event::Stop) {
                     self.index();
                     self.persist_commits();
+                    self.cluster_stop();
                     let _ = self.engine.flush();
                     if let Err(e) = self.engine.checkpoint() {
                         warn!(error = %e, "cannot checkpoint the lane index");
@@ -533,7 +568,9 @@ impl Dispatcher {
                 }
                 self.handle(e);
             }
+            self.cluster_announce();
             self.index();
+            self.cluster_handoffs();
             self.fire_timers();
             self.fire_deadlines();
             self.dispatch_ready();
@@ -582,6 +619,7 @@ impl Dispatcher {
                 self.groups.retain(|_, g| alive.contains(&g.parent));
                 self.by_name.retain(|(p, _), _| alive.contains(p));
             }
+            Event::Remote { op, at, replay } => self.remote(op, at, replay),
             Event::Query(f) => f(self),
             Event::Stop => {}
         }
@@ -1344,6 +1382,9 @@ impl Dispatcher {
         else {
             return;
         };
+        if !self.cluster_allows(gid, &parent.def.name, &key) {
+            return; // another node dispatches it (it is rescanned when that changes)
+        }
         let from = self.committed(gid, lane);
         if self.host.strong_count() == 0 {
             return;
@@ -1562,6 +1603,7 @@ impl Dispatcher {
         if let Err(e) = self.engine.put_commits(&commits) {
             warn!(error = %e, "cannot store lane group offsets");
         }
+        self.cluster_commits(&commits);
         self.unflushed = true;
     }
 

@@ -397,6 +397,74 @@ impl Link {
         Ok(Feed { messages })
     }
 
+    /// The records published under `topic` up to sequence `upto` (inclusive), in order:
+    /// a bounded read of one subject of the log (nothing when the subject holds none).
+    pub async fn read_subject(&self, topic: &str, upto: u64) -> Result<Vec<Entry>, ClusterError> {
+        let err = |e: String| ClusterError::Feed(e);
+        let subject = subject_for(&self.opts.subject_prefix, topic);
+        let s = self
+            .js
+            .get_stream(&self.opts.stream)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let last = match s.get_last_raw_message_by_subject(&subject).await {
+            Ok(m) => m.sequence,
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(err(e.to_string())),
+        };
+        let target = last.min(upto);
+        let mut out = Vec::new();
+        if target == 0 {
+            return Ok(out);
+        }
+        let c = s
+            .create_consumer(consumer::pull::OrderedConfig {
+                deliver_policy: consumer::DeliverPolicy::All,
+                filter_subject: subject,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let mut messages = c.messages().await.map_err(|e| err(e.to_string()))?;
+        while let Some(m) = messages.next().await {
+            let m = m.map_err(|e| err(e.to_string()))?;
+            let seq = m.info().map_err(|e| err(e.to_string()))?.stream_sequence;
+            if seq > target {
+                break;
+            }
+            out.push(Entry {
+                seq,
+                payload: m.message.payload.clone(),
+            });
+            if seq == target {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Tell the other nodes this node is alive (`<subject_prefix>-hb.<node>`, core NATS).
+    pub async fn beat(&self) -> Result<(), ClusterError> {
+        let subject = format!("{}-hb.{}", self.opts.subject_prefix, self.opts.node_id);
+        self.client
+            .publish(subject, Bytes::new())
+            .await
+            .map_err(|e| ClusterError::Request(e.to_string()))
+    }
+
+    /// The heartbeats of every node ([`Link::beat`]).
+    pub async fn beats(&self) -> Result<Beats, ClusterError> {
+        let prefix = format!("{}-hb.", self.opts.subject_prefix);
+        let sub = self
+            .client
+            .subscribe(format!("{prefix}*"))
+            .await
+            .map_err(|e| ClusterError::Request(e.to_string()))?;
+        Ok(Beats { sub, prefix })
+    }
+
     /// The sessions bucket (`<stream>_SESSIONS`, the log stream's replicas), created when
     /// missing.
     pub async fn sessions(&self) -> Result<Kv, ClusterError> {
@@ -543,6 +611,30 @@ impl Kv {
     /// Remove `key` (an empty value).
     pub async fn delete(&self, key: &str) -> Result<(), ClusterError> {
         self.put(key, Bytes::new()).await
+    }
+}
+
+/// Heartbeats of the nodes ([`Link::beats`]).
+pub struct Beats {
+    sub: async_nats::Subscriber,
+    prefix: String,
+}
+
+impl std::fmt::Debug for Beats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Beats")
+    }
+}
+
+impl Beats {
+    /// The node of the next heartbeat; `None` when the link closed.
+    pub async fn next(&mut self) -> Option<String> {
+        loop {
+            let m = self.sub.next().await?;
+            if let Some(node) = m.subject.as_str().strip_prefix(&self.prefix) {
+                return Some(node.to_string());
+            }
+        }
     }
 }
 
