@@ -480,6 +480,45 @@ def rest_streams(nodes):
     )
 
 
+def rest_parents(nodes):
+    """A lite parent created through one node's REST API exists on every node from the same
+    log offset on (its lanes hold the same offsets everywhere); a delete through another node
+    removes it everywhere."""
+    import json
+
+    st, body = rest(nodes[0], "POST", "/api/v5/lite/parents", {"name": "tasks", "pattern": "tasks/{lane}/#"})
+    gets = [rest(n, "GET", "/api/v5/lite/parents/tasks")[0] for n in nodes]
+    again, _ = rest(nodes[1], "POST", "/api/v5/lite/parents", {"name": "tasks", "pattern": "tasks/{lane}/#"})
+    pub = client("p-pub", nodes[2].port)
+    ok = publish_all(pub, "tasks/job-1/run", 30, 1)
+    pub.disconnect()
+    offsets = []
+    for n in nodes:
+        end = time.time() + 20
+        off = None
+        while time.time() < end:
+            code, b = rest(n, "GET", "/api/v5/lite/parents/tasks/lanes/job-1")
+            if code == 200:
+                off = json.loads(b).get("next_offset")
+                if off == 30:
+                    break
+            time.sleep(0.2)
+        offsets.append(off)
+    result(
+        "rest_parent_created_on_every_node",
+        st in (200, 201) and gets == [200, 200, 200] and again == 409 and ok and offsets == [30, 30, 30],
+        "create=%s %r gets=%s create again elsewhere=%s lane next_offset per node=%s"
+        % (st, body[:120], gets, again, offsets),
+    )
+    dst, _ = rest(nodes[1], "DELETE", "/api/v5/lite/parents/tasks")
+    gone = [rest(n, "GET", "/api/v5/lite/parents/tasks")[0] for n in nodes]
+    result(
+        "rest_parent_deleted_on_every_node",
+        dst in (200, 204) and gone == [404, 404, 404],
+        "delete=%s gets after=%s" % (dst, gone),
+    )
+
+
 def cluster_metrics(nodes):
     """Every node exports its cluster figures on /metrics."""
     vals = []
@@ -793,6 +832,7 @@ def main():
         stream_replay(nodes)
         session_move(nodes)
         rest_streams(nodes)
+        rest_parents(nodes)
         cluster_metrics(nodes)
         lanes_across_nodes(nodes)
         lanes_node_loss(nodes)

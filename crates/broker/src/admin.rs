@@ -347,29 +347,15 @@ impl AdminBackend for BrokerAdmin {
     }
 
     fn create_parent(&self, def: ParentDef) -> Result<ParentInfo, LiteError> {
-        let engine = &self.broker.lite.engine;
-        let info = engine.create_parent(def)?;
-        engine.warn_overlaps();
-        let converted = self.broker.convert_shared_to_lane_groups();
-        info!(parent = %info.def.name, pattern = %info.def.pattern, converted, "admin API: lite parent created");
-        Ok(info)
+        self.broker.create_parent(def)
     }
 
     fn update_parent(&self, name: &str, def: ParentDef) -> Result<ParentInfo, LiteError> {
-        let engine = &self.broker.lite.engine;
-        let info = engine.update_parent(name, def)?;
-        engine.warn_overlaps();
-        let converted = self.broker.convert_shared_to_lane_groups();
-        info!(parent = %name, converted, "admin API: lite parent updated");
-        Ok(info)
+        self.broker.update_parent(name, def)
     }
 
     fn delete_parent(&self, name: &str) -> Result<(), LiteError> {
-        let ids = self.broker.lite.engine.delete_parent(name)?;
-        info!(parent = %name, lanes = ids.len(), "admin API: lite parent deleted");
-        // The dispatcher forgets the lanes and drops the groups of the parent.
-        self.broker.lite.send(crate::lite::Event::LanesRemoved(ids));
-        Ok(())
+        self.broker.delete_parent(name)
     }
 
     fn list_lanes(

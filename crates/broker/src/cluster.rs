@@ -497,6 +497,9 @@ enum RegistryChange {
     Update(String, lanemq_streams::StreamDef),
     Delete(String),
     Lane(crate::lite::LaneOp),
+    CreateParent(lanemq_lite::ParentDef),
+    UpdateParent(String, lanemq_lite::ParentDef),
+    DeleteParent(String),
 }
 
 /// The topic of the lane membership records: a starting node reads this subject of the log
@@ -661,8 +664,13 @@ impl Broker {
     /// call returns what this node's registry answered. Blocks (a REST handler's thread).
     fn cluster_registry(&self, op: RegistryChange) -> RegistryOutcome {
         let unavailable = |why: String| lanemq_streams::StreamError::Storage(why);
+        let lite = |why: String| lanemq_lite::LiteError::Storage(why);
         let fail = |op: &RegistryChange, why: String| match op {
             RegistryChange::Delete(_) => RegistryOutcome::Done(Err(unavailable(why))),
+            RegistryChange::CreateParent(_) | RegistryChange::UpdateParent(..) => {
+                RegistryOutcome::Parent(Err(lite(why)))
+            }
+            RegistryChange::DeleteParent(_) => RegistryOutcome::ParentDone(Err(lite(why))),
             _ => RegistryOutcome::Info(Err(unavailable(why))),
         };
         let Some(cluster) = self.cluster.get() else {
@@ -727,11 +735,10 @@ impl Broker {
         }
         match self.cluster_registry(RegistryChange::Create(def)) {
             RegistryOutcome::Info(r) => r,
-            RegistryOutcome::Done(r) => r.and_then(|_| {
-                Err(lanemq_streams::StreamError::Storage(
-                    "unexpected answer".into(),
-                ))
-            }),
+            RegistryOutcome::Done(Err(e)) => Err(e),
+            _ => Err(lanemq_streams::StreamError::Storage(
+                "unexpected answer".into(),
+            )),
         }
     }
 
@@ -746,11 +753,10 @@ impl Broker {
         }
         match self.cluster_registry(RegistryChange::Update(name.to_string(), def)) {
             RegistryOutcome::Info(r) => r,
-            RegistryOutcome::Done(r) => r.and_then(|_| {
-                Err(lanemq_streams::StreamError::Storage(
-                    "unexpected answer".into(),
-                ))
-            }),
+            RegistryOutcome::Done(Err(e)) => Err(e),
+            _ => Err(lanemq_streams::StreamError::Storage(
+                "unexpected answer".into(),
+            )),
         }
     }
 
@@ -762,7 +768,94 @@ impl Broker {
         match self.cluster_registry(RegistryChange::Delete(name.to_string())) {
             RegistryOutcome::Done(r) => r,
             RegistryOutcome::Info(r) => r.map(|_| ()),
+            _ => Err(lanemq_streams::StreamError::Storage(
+                "unexpected answer".into(),
+            )),
         }
+    }
+}
+
+impl Broker {
+    /// Create a lite parent; in cluster mode on every node, at the same log offset (so every
+    /// node puts the same records into the same lanes).
+    pub fn create_parent(
+        &self,
+        def: lanemq_lite::ParentDef,
+    ) -> Result<lanemq_lite::ParentInfo, lanemq_lite::LiteError> {
+        if !self.clustered() {
+            return self.local_create_parent(def);
+        }
+        parent_answer(self.cluster_registry(RegistryChange::CreateParent(def)))
+    }
+
+    /// Update a lite parent (cluster-wide in cluster mode).
+    pub fn update_parent(
+        &self,
+        name: &str,
+        def: lanemq_lite::ParentDef,
+    ) -> Result<lanemq_lite::ParentInfo, lanemq_lite::LiteError> {
+        if !self.clustered() {
+            return self.local_update_parent(name, def);
+        }
+        parent_answer(self.cluster_registry(RegistryChange::UpdateParent(name.to_string(), def)))
+    }
+
+    /// Delete a lite parent and its lanes (cluster-wide in cluster mode).
+    pub fn delete_parent(&self, name: &str) -> Result<(), lanemq_lite::LiteError> {
+        if !self.clustered() {
+            return self.local_delete_parent(name);
+        }
+        match self.cluster_registry(RegistryChange::DeleteParent(name.to_string())) {
+            RegistryOutcome::ParentDone(r) => r,
+            RegistryOutcome::Parent(r) => r.map(|_| ()),
+            _ => Err(lanemq_lite::LiteError::Storage("unexpected answer".into())),
+        }
+    }
+}
+
+impl Broker {
+    /// Create a lite parent on this node (`Broker::create_parent` decides where).
+    fn local_create_parent(
+        &self,
+        def: lanemq_lite::ParentDef,
+    ) -> Result<lanemq_lite::ParentInfo, lanemq_lite::LiteError> {
+        let engine = &self.lite.engine;
+        let info = engine.create_parent(def)?;
+        engine.warn_overlaps();
+        let converted = self.convert_shared_to_lane_groups();
+        tracing::info!(parent = %info.def.name, pattern = %info.def.pattern, converted, "lite parent created");
+        Ok(info)
+    }
+
+    /// Update a lite parent on this node.
+    fn local_update_parent(
+        &self,
+        name: &str,
+        def: lanemq_lite::ParentDef,
+    ) -> Result<lanemq_lite::ParentInfo, lanemq_lite::LiteError> {
+        let engine = &self.lite.engine;
+        let info = engine.update_parent(name, def)?;
+        engine.warn_overlaps();
+        let converted = self.convert_shared_to_lane_groups();
+        tracing::info!(parent = %name, converted, "lite parent updated");
+        Ok(info)
+    }
+
+    /// Delete a lite parent on this node.
+    fn local_delete_parent(&self, name: &str) -> Result<(), lanemq_lite::LiteError> {
+        let ids = self.lite.engine.delete_parent(name)?;
+        tracing::info!(parent = %name, lanes = ids.len(), "lite parent deleted");
+        // The dispatcher forgets the lanes and drops the groups of the parent.
+        self.lite.send(crate::lite::Event::LanesRemoved(ids));
+        Ok(())
+    }
+}
+
+fn parent_answer(o: RegistryOutcome) -> Result<lanemq_lite::ParentInfo, lanemq_lite::LiteError> {
+    match o {
+        RegistryOutcome::Parent(r) => r,
+        RegistryOutcome::ParentDone(Err(e)) => Err(e),
+        _ => Err(lanemq_lite::LiteError::Storage("unexpected answer".into())),
     }
 }
 
@@ -797,6 +890,15 @@ fn apply_control(broker: &Broker, payload: &[u8], offset: u64) {
             RegistryOutcome::Info(broker.streams.update(&name, def))
         }
         RegistryChange::Delete(name) => RegistryOutcome::Done(broker.streams.delete(&name)),
+        RegistryChange::CreateParent(def) => {
+            RegistryOutcome::Parent(broker.local_create_parent(def))
+        }
+        RegistryChange::UpdateParent(name, def) => {
+            RegistryOutcome::Parent(broker.local_update_parent(&name, def))
+        }
+        RegistryChange::DeleteParent(name) => {
+            RegistryOutcome::ParentDone(broker.local_delete_parent(&name))
+        }
     });
     let Some(cluster) = broker.cluster.get() else {
         return;

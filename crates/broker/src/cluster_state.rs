@@ -85,6 +85,8 @@ impl Cluster {
 pub(crate) enum RegistryOutcome {
     Info(Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError>),
     Done(Result<(), lanemq_streams::StreamError>),
+    Parent(Result<lanemq_lite::ParentInfo, lanemq_lite::LiteError>),
+    ParentDone(Result<(), lanemq_lite::LiteError>),
 }
 
 /// REST calls waiting for their registry change to come back through the log.
