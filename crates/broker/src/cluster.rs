@@ -38,6 +38,8 @@ use tracing::{error, info, warn};
 
 /// How often the replicator logs its progress (when it appended anything).
 const REPORT_EVERY: Duration = Duration::from_secs(10);
+/// How long the log's feed may be silent while the stream holds unread records.
+const STALL_CHECK: Duration = Duration::from_secs(2);
 
 /// The topic of the placeholder record stored for a stream message that is not a lanemq record.
 pub const VOID_TOPIC: &str = "$lanemq/void";
@@ -255,6 +257,8 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
         };
         let mut report = tokio::time::Instant::now() + REPORT_EVERY;
         let mut reported = cluster.replicated.load(Ordering::Relaxed);
+        let mut last_entry = tokio::time::Instant::now();
+        let mut watch = tokio::time::interval(STALL_CHECK);
         loop {
             if tokio::time::Instant::now() >= report {
                 let n = cluster.replicated.load(Ordering::Relaxed);
@@ -271,7 +275,10 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
             let notified = done.notify.notified();
             tokio::select! {
                 entry = feed.next() => match entry {
-                    Some(Ok(e)) => apply(broker, &done, &mut pending, &low, e)?,
+                    Some(Ok(e)) => {
+                        last_entry = tokio::time::Instant::now();
+                        apply(broker, &done, &mut pending, &low, e)?
+                    }
                     Some(Err(e)) => {
                         warn!(error = %e, "cluster: reading the log failed; reading again");
                         break;
@@ -281,6 +288,23 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
                 _ = notified => {}
                 Some(i) = installs.recv() => waiting.push(i),
                 _ = tokio::time::sleep_until(report) => {}
+                _ = watch.tick() => {
+                    // The ordered consumer notices a dead server only after missed heartbeats
+                    // (30 s and more): a feed that is silent while the stream holds records
+                    // this node has not read is opened again.
+                    if last_entry.elapsed() >= STALL_CHECK {
+                        if let Ok(state) = link.state().await {
+                            if state.last_seq > store.next_offset() {
+                                warn!(
+                                    next_offset = store.next_offset(),
+                                    stream_last_seq = state.last_seq,
+                                    "cluster: the log's feed stalled; reading again"
+                                );
+                                break;
+                            }
+                        }
+                    }
+                }
                 _ = shutdown.changed() => return Ok(()),
             }
             deliver_completed(broker, &done, &mut completed, &mut pending, &low)?;
@@ -419,6 +443,8 @@ fn apply(
     if pending.is_empty() && !now {
         low.store(expected, Ordering::SeqCst);
     }
+    // Lane times are the log's time: the same decisions (TTL) at the same offset everywhere.
+    broker.lite.engine.advance_clock(msg.timestamp_us);
     let got = match broker
         .admit_local(&mut msg, lane, pid, cb)
         .map_err(|e| format!("local log: {e}"))?

@@ -161,6 +161,9 @@ impl Server {
             .map_err(|e| anyhow_lite::Error(format!("cannot open the lite layer: {e}")))?
         };
         lite.warn_overlaps();
+        if cluster.is_some() {
+            lite.use_log_time();
+        }
         let lite = Arc::new(crate::lite::Lite::new(lite, &config.lite));
         let broker = Broker::new(config, persist, auth, streams, lite);
         if let Some((c, _)) = cluster {

@@ -1575,7 +1575,7 @@ impl Dispatcher {
     }
 
     fn sweep(&mut self) {
-        match self.engine.sweep(lanemq_lite::engine::now_us()) {
+        match self.engine.sweep(self.engine.clock_us()) {
             Ok(expired) => {
                 if !expired.is_empty() {
                     debug!(lanes = expired.len(), "lanes expired");

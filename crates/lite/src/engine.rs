@@ -162,6 +162,9 @@ struct Table {
     /// (ids of removed lanes are skipped when they come up), at the earliest second it can
     /// expire, so a sweep touches only the lanes that are due, not every lane.
     expiry: BTreeMap<u64, Vec<u64>>,
+    /// Lanes a record found past their TTL (log time, [`Engine::use_log_time`]): removed
+    /// from `lanes` already, their data goes at the next sweep.
+    expired_early: Vec<Expired>,
 }
 
 impl Table {
@@ -234,6 +237,10 @@ pub struct Engine {
     pub counters: Counters,
     /// Set whenever lanes are created, expired or parents change (listing caches, tests).
     pub generation: AtomicU64,
+    /// Cluster mode: lane times are the log's time ([`Engine::use_log_time`]).
+    log_time: AtomicBool,
+    /// The log's time: the newest record timestamp appended, µs.
+    clock: AtomicU64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -341,6 +348,8 @@ impl Engine {
             }),
             counters: Counters::default(),
             generation: AtomicU64::new(0),
+            log_time: AtomicBool::new(false),
+            clock: AtomicU64::new(0),
         };
         let mut list = Vec::new();
         for kv in e.parents_tree.iter() {
@@ -885,12 +894,57 @@ impl Engine {
         Classified::Plain
     }
 
+    /// Cluster mode: lane times (last publish, TTL) are the log's time, advanced by
+    /// [`Engine::advance_clock`] with every record appended, not this machine's clock. Every
+    /// node then decides alike whether a record continues a lane or starts it again after
+    /// its TTL (so lane offsets are the same on every node). A lane past its TTL is expired
+    /// by the record that finds it so, even before a sweep.
+    pub fn use_log_time(&self) {
+        self.log_time.store(true, Ordering::Release);
+    }
+
+    /// The log's time is at least `ts_us` (a record's timestamp, before it is appended).
+    pub fn advance_clock(&self, ts_us: u64) {
+        self.clock.fetch_max(ts_us, Ordering::AcqRel);
+    }
+
+    /// Now, for lane times: the log's time in cluster mode, this machine's clock otherwise.
+    pub fn clock_us(&self) -> u64 {
+        if self.log_time.load(Ordering::Acquire) {
+            self.clock.load(Ordering::Acquire)
+        } else {
+            now_us()
+        }
+    }
+
     /// Assign the next offset of the lane `key` of `parent` to the record at log position
     /// `pos` (creating the lane); called under the log's append lock. Returns the hint.
     pub fn assign(&self, parent: u32, key: &str, pos: u64) -> IndexHint {
-        let now = now_us();
+        let now = self.clock_us();
+        let log_time = self.log_time.load(Ordering::Acquire);
+        let ttl_us = self
+            .parent_by_id(parent)
+            .map_or(0, |p| p.def.ttl_s.saturating_mul(1_000_000));
         let mut t = self.lock();
         let t = &mut *t;
+        if log_time && ttl_us > 0 {
+            // Past its TTL in the log's time: expired now, whether or not a sweep came by.
+            let stale = t.lanes.find(parent, key).filter(|id| {
+                t.lanes
+                    .get(*id)
+                    .is_some_and(|l| now.saturating_sub(l.last_pub_us) >= ttl_us)
+                    && !t.pending.iter().any(|p| p.lane == *id)
+            });
+            if let Some(id) = stale {
+                if let Some(l) = t.lanes.remove(id) {
+                    t.expired_early.push(Expired {
+                        lane: id,
+                        parent: l.parent,
+                        key: l.key,
+                    });
+                }
+            }
+        }
         let mut new = false;
         let existing = t.lanes.find(parent, key).and_then(|id| {
             let l = t.lanes.get_mut(id)?;
@@ -1328,7 +1382,8 @@ impl Engine {
             let t = &mut *t;
             let later = t.expiry.split_off(&now_s.saturating_add(1));
             let due = std::mem::replace(&mut t.expiry, later);
-            if due.is_empty() {
+            let early = std::mem::take(&mut t.expired_early);
+            if due.is_empty() && early.is_empty() {
                 return Ok(Vec::new());
             }
             let pending: std::collections::HashSet<u64> =
@@ -1359,6 +1414,7 @@ impl Engine {
                         key: l.key,
                     })
                 })
+                .chain(early)
                 .collect()
         };
         for e in &expired {
@@ -1974,5 +2030,40 @@ mod tests {
         let e = f.engine();
         assert_eq!(e.lane_count(), 0);
         assert_eq!(e.load_commit(a, "workers").unwrap(), None);
+    }
+
+    #[test]
+    fn in_log_time_a_record_past_the_ttl_starts_its_lane_again() {
+        let f = Fixture::new("logtime");
+        let e = f.engine();
+        e.use_log_time();
+        let pid = e.parent("agents").unwrap().id;
+        let ttl = e.parent("agents").unwrap().def.ttl_s * 1_000_000;
+        let t0 = 1_000_000;
+        e.advance_clock(t0);
+        f.publish(&e, "a");
+        f.publish(&e, "a");
+        index_all(&e);
+        let first = e.lane_id(pid, "a").unwrap();
+        assert_eq!(e.next_offset(first), 2);
+        // This machine's clock is far ahead; the log's time is not: nothing expires.
+        assert!(e.sweep(e.clock_us()).unwrap().is_empty());
+        e.advance_clock(t0 + ttl - 1);
+        f.publish(&e, "a");
+        index_all(&e);
+        assert_eq!(e.lane_id(pid, "a"), Some(first));
+        assert_eq!(e.next_offset(first), 3);
+        // One TTL after the last publish, in the log's time: the record starts the lane again
+        // (no sweep ran), and the next sweep reports the old lane expired.
+        e.advance_clock(t0 + 2 * ttl - 1);
+        f.publish(&e, "a");
+        index_all(&e);
+        let second = e.lane_id(pid, "a").unwrap();
+        assert_ne!(first, second);
+        assert_eq!(e.next_offset(second), 1);
+        let expired = e.sweep(e.clock_us()).unwrap();
+        assert_eq!(expired.len(), 1);
+        assert_eq!(expired[0].lane, first);
+        assert_eq!(e.lane_count(), 1);
     }
 }
