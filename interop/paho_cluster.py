@@ -76,6 +76,10 @@ class Nats:
             f.write(
                 """server_name: nats%d
 listen: 127.0.0.1:%d
+authorization {
+  user: lanemq
+  password: "cluster-test-secret"
+}
 jetstream {
   store_dir: "%s/js"
   max_memory_store: 64MB
@@ -139,6 +143,10 @@ topic_filter = "t/#"
 [[lite.parents]]
 name = "agents"
 pattern = "agents/{lane}/#"
+
+[cluster]
+user = "lanemq"
+password = "cluster-test-secret"
 """
                 % (self.dir, self.http)
             )

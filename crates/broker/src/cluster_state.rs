@@ -50,6 +50,14 @@ impl Cluster {
             max_bytes: 0,
             publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
             queue_records: 16_384,
+            auth: lanemq_cluster::LinkAuth {
+                user: cfg.user.clone().zip(cfg.password.clone()),
+                token: cfg.token.clone(),
+                credentials_file: cfg.credentials_file.clone(),
+                tls_ca_file: cfg.tls_ca_file.clone(),
+                tls_client: cfg.tls_cert_file.clone().zip(cfg.tls_key_file.clone()),
+                tls_required: cfg.tls_required,
+            },
         };
         let link = Link::connect(opts, Duration::from_millis(cfg.connect_timeout_ms)).await?;
         // The bucket, once JetStream answers (a fresh cluster elects its leaders first).

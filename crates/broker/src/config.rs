@@ -52,6 +52,19 @@ pub struct ClusterConfig {
     pub publish_timeout_ms: u64,
     /// How long the start waits for the NATS servers and the stream.
     pub connect_timeout_ms: u64,
+    /// NATS authentication: a user and password, a token, or a credentials file
+    /// (`.creds`: JWT and NKey seed); at most one of the three.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub token: Option<String>,
+    pub credentials_file: Option<String>,
+    /// TLS to the NATS servers: root certificates (PEM) to trust, a client certificate and
+    /// key (PEM, for servers that verify clients), and whether TLS is required even when a
+    /// server does not ask for it.
+    pub tls_ca_file: Option<String>,
+    pub tls_cert_file: Option<String>,
+    pub tls_key_file: Option<String>,
+    pub tls_required: bool,
 }
 
 impl Default for ClusterConfig {
@@ -64,6 +77,14 @@ impl Default for ClusterConfig {
             replicas: 3,
             publish_timeout_ms: 30_000,
             connect_timeout_ms: 30_000,
+            user: None,
+            password: None,
+            token: None,
+            credentials_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_required: false,
         }
     }
 }
@@ -615,6 +636,36 @@ impl Config {
             if c.publish_timeout_ms == 0 {
                 errors.push("cluster.publish_timeout_ms: must be above 0".to_string());
             }
+            let ways = [
+                c.user.is_some(),
+                c.token.is_some(),
+                c.credentials_file.is_some(),
+            ];
+            if ways.iter().filter(|w| **w).count() > 1 {
+                errors.push(
+                    "cluster: set one of user/password, token or credentials_file, not several"
+                        .to_string(),
+                );
+            }
+            if c.user.is_some() != c.password.is_some() {
+                errors.push("cluster.user and cluster.password go together".to_string());
+            }
+            if c.tls_cert_file.is_some() != c.tls_key_file.is_some() {
+                errors
+                    .push("cluster.tls_cert_file and cluster.tls_key_file go together".to_string());
+            }
+            for (key, path) in [
+                ("credentials_file", &c.credentials_file),
+                ("tls_ca_file", &c.tls_ca_file),
+                ("tls_cert_file", &c.tls_cert_file),
+                ("tls_key_file", &c.tls_key_file),
+            ] {
+                if let Some(p) = path {
+                    if let Err(e) = std::fs::metadata(p) {
+                        errors.push(format!("cluster.{key}: {p:?}: {e}"));
+                    }
+                }
+            }
         }
         if errors.is_empty() {
             Ok(())
@@ -714,5 +765,25 @@ ttl_s = 0
         assert!(c.cluster.enabled());
         assert_eq!(c.cluster.replicas, 3);
         assert!(!Config::default().cluster.enabled());
+        // Authentication and TLS: one way at a time, pairs complete, files present.
+        let errs = Config::from_toml(
+            "[cluster]\nservers = [\"nats://127.0.0.1:4222\"]\nnode_id = \"n1\"\nuser = \"u\"\ntoken = \"t\"\ntls_cert_file = \"/nonexistent/c.pem\"\ncredentials_file = \"/nonexistent/x.creds\"\n",
+        )
+        .unwrap_err()
+        .0;
+        let all = errs.join("\n");
+        for what in [
+            "not several",
+            "cluster.user and cluster.password",
+            "cluster.tls_cert_file and cluster.tls_key_file",
+            "cluster.credentials_file: \"/nonexistent/x.creds\"",
+        ] {
+            assert!(all.contains(what), "{what} not reported: {all}");
+        }
+        let c = Config::from_toml(
+            "[cluster]\nservers = [\"nats://127.0.0.1:4222\"]\nnode_id = \"n1\"\nuser = \"u\"\npassword = \"p\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.cluster.password.as_deref(), Some("p"));
     }
 }

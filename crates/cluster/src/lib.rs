@@ -86,6 +86,39 @@ pub struct LinkOptions {
     pub publish_timeout: Duration,
     /// Records handed over but not yet sent, at most (the publisher waits beyond).
     pub queue_records: usize,
+    /// Authentication and TLS towards the NATS servers.
+    pub auth: LinkAuth,
+}
+
+/// How the link authenticates to the NATS servers and secures the connection.
+#[derive(Clone, Default)]
+pub struct LinkAuth {
+    /// User and password.
+    pub user: Option<(String, String)>,
+    /// A token.
+    pub token: Option<String>,
+    /// A credentials file (`.creds`: JWT and NKey seed).
+    pub credentials_file: Option<String>,
+    /// Root certificates (PEM) to trust.
+    pub tls_ca_file: Option<String>,
+    /// A client certificate and its key (PEM).
+    pub tls_client: Option<(String, String)>,
+    /// TLS even when the server does not ask for it.
+    pub tls_required: bool,
+}
+
+impl std::fmt::Debug for LinkAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Secrets are never printed.
+        f.debug_struct("LinkAuth")
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("credentials_file", &self.credentials_file)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_client", &self.tls_client.as_ref().map(|(c, _)| c))
+            .field("tls_required", &self.tls_required)
+            .finish()
+    }
 }
 
 /// What happens once JetStream has a record: `Ok(stream sequence)` or why not.
@@ -209,16 +242,61 @@ impl Link {
                 })
             })
             .collect::<Result<_, _>>()?;
-        let connect = async_nats::ConnectOptions::new()
+        // The last error a server reported (an authorization violation, say): the start's
+        // error names it, not only the timeout it caused.
+        let last_error: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
+        let seen_error = last_error.clone();
+        let mut connect = async_nats::ConnectOptions::new();
+        let a = &opts.auth;
+        if let Some((u, p)) = &a.user {
+            connect = connect.user_and_password(u.clone(), p.clone());
+        }
+        if let Some(t) = &a.token {
+            connect = connect.token(t.clone());
+        }
+        if let Some(path) = &a.credentials_file {
+            connect = connect
+                .credentials_file(path)
+                .await
+                .map_err(|e| ClusterError::Connect {
+                    servers: servers.clone(),
+                    why: format!("credentials file {path:?}: {e}"),
+                })?;
+        }
+        if let Some(ca) = &a.tls_ca_file {
+            connect = connect.add_root_certificates(ca.into());
+        }
+        if let Some((cert, key)) = &a.tls_client {
+            connect = connect.add_client_certificate(cert.into(), key.into());
+        }
+        if a.tls_required {
+            connect = connect.require_tls(true);
+        }
+        let connect = connect
             .name(format!("lanemq {}", opts.node_id))
             .retry_on_initial_connect()
             .max_reconnects(None)
             .connection_timeout(Duration::from_secs(2))
-            .event_callback(|ev| async move {
-                match ev {
-                    async_nats::Event::Disconnected => warn!("cluster: disconnected from NATS"),
-                    async_nats::Event::Connected => tracing::info!("cluster: connected to NATS"),
-                    other => debug!(event = %other, "cluster: NATS event"),
+            .event_callback(move |ev| {
+                let last = last_error.clone();
+                async move {
+                    match ev {
+                        async_nats::Event::Disconnected => {
+                            warn!("cluster: disconnected from NATS")
+                        }
+                        async_nats::Event::Connected => {
+                            tracing::info!("cluster: connected to NATS")
+                        }
+                        async_nats::Event::ServerError(e) => {
+                            warn!(error = %e, "cluster: NATS server error");
+                            *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                        }
+                        async_nats::Event::ClientError(e) => {
+                            debug!(error = %e, "cluster: NATS connection error");
+                            *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                        }
+                        other => debug!(event = %other, "cluster: NATS event"),
+                    }
                 }
             })
             .connect(addrs);
@@ -253,7 +331,18 @@ impl Link {
                     debug!(error = %e, "cluster: stream not ready yet; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    let last = seen_error.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    return Err(match (e, last) {
+                        (ClusterError::Stream { stream, why }, Some(server)) => {
+                            ClusterError::Stream {
+                                stream,
+                                why: format!("{why} (last NATS error: {server})"),
+                            }
+                        }
+                        (e, _) => e,
+                    });
+                }
             }
         }
         tokio::spawn(sender(link.clone(), rx));
