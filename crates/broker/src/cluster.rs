@@ -523,6 +523,10 @@ enum RegistryChange {
     Update(String, lanemq_streams::StreamDef),
     Delete(String),
     Lane(crate::lite::LaneOp),
+    /// A stream or parent of a node's configuration: created if missing, updated if it
+    /// differs.
+    EnsureStream(lanemq_streams::StreamDef),
+    EnsureParent(lanemq_lite::ParentDef),
     CreateParent(lanemq_lite::ParentDef),
     UpdateParent(String, lanemq_lite::ParentDef),
     DeleteParent(String),
@@ -693,9 +697,9 @@ impl Broker {
         let lite = |why: String| lanemq_lite::LiteError::Storage(why);
         let fail = |op: &RegistryChange, why: String| match op {
             RegistryChange::Delete(_) => RegistryOutcome::Done(Err(unavailable(why))),
-            RegistryChange::CreateParent(_) | RegistryChange::UpdateParent(..) => {
-                RegistryOutcome::Parent(Err(lite(why)))
-            }
+            RegistryChange::CreateParent(_)
+            | RegistryChange::UpdateParent(..)
+            | RegistryChange::EnsureParent(_) => RegistryOutcome::Parent(Err(lite(why))),
             RegistryChange::DeleteParent(_) => RegistryOutcome::ParentDone(Err(lite(why))),
             _ => RegistryOutcome::Info(Err(unavailable(why))),
         };
@@ -877,6 +881,31 @@ impl Broker {
     }
 }
 
+/// Cluster mode, at start: the streams (`[[streams]]`) and lite parents (`[[lite.parents]]`)
+/// of this node's configuration go through the log, so every node creates them at the same
+/// offset (a node declaring one that exists already changes nothing; one that differs updates
+/// it everywhere). Blocks until this node applied them (bounded per item).
+pub fn declare_configured(broker: &Broker) {
+    for def in broker.config.streams.clone() {
+        let name = def.name.clone();
+        match broker.cluster_registry(RegistryChange::EnsureStream(def)) {
+            RegistryOutcome::Info(Err(e)) | RegistryOutcome::Done(Err(e)) => {
+                warn!(stream = %name, error = %e, "cluster: stream of the config file not declared")
+            }
+            _ => {}
+        }
+    }
+    for def in broker.config.lite.parents.clone() {
+        let name = def.name.clone();
+        match broker.cluster_registry(RegistryChange::EnsureParent(def)) {
+            RegistryOutcome::Parent(Err(e)) | RegistryOutcome::ParentDone(Err(e)) => {
+                warn!(parent = %name, error = %e, "cluster: lite parent of the config file not declared")
+            }
+            _ => {}
+        }
+    }
+}
+
 fn parent_answer(o: RegistryOutcome) -> Result<lanemq_lite::ParentInfo, lanemq_lite::LiteError> {
     match o {
         RegistryOutcome::Parent(r) => r,
@@ -916,6 +945,20 @@ fn apply_control(broker: &Broker, payload: &[u8], offset: u64) {
             RegistryOutcome::Info(broker.streams.update(&name, def))
         }
         RegistryChange::Delete(name) => RegistryOutcome::Done(broker.streams.delete(&name)),
+        RegistryChange::EnsureStream(def) => {
+            RegistryOutcome::Info(match broker.streams.get(&def.name) {
+                Err(lanemq_streams::StreamError::NotFound(_)) => broker.streams.create(def),
+                Ok(cur) if cur.def != def => broker.streams.update(&def.name.clone(), def),
+                other => other,
+            })
+        }
+        RegistryChange::EnsureParent(def) => {
+            RegistryOutcome::Parent(match broker.lite.engine.get_parent(&def.name) {
+                Err(lanemq_lite::LiteError::NotFound(_)) => broker.local_create_parent(def),
+                Ok(cur) if cur.def != def => broker.local_update_parent(&def.name.clone(), def),
+                other => other,
+            })
+        }
         RegistryChange::CreateParent(def) => {
             RegistryOutcome::Parent(broker.local_create_parent(def))
         }

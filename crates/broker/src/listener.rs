@@ -126,7 +126,13 @@ impl Server {
         let streams = {
             let p = persist.clone();
             let settings = config.streams_config.clone();
-            let defs = config.streams.clone();
+            // Cluster mode: the declared streams and parents go through the log instead
+            // (`crate::cluster::declare_configured`), so every node has them from one offset.
+            let defs = if cluster.is_some() {
+                Vec::new()
+            } else {
+                config.streams.clone()
+            };
             tokio::task::spawn_blocking(move || {
                 let r = lanemq_streams::engine::Engine::open(
                     p.store.clone(),
@@ -148,7 +154,11 @@ impl Server {
             .map_err(|e| anyhow_lite::Error(format!("cannot start the stream indexer: {e}")))?;
         let lite = {
             let p = persist.clone();
-            let parents = config.lite.parents.clone();
+            let parents = if cluster.is_some() {
+                Vec::new()
+            } else {
+                config.lite.parents.clone()
+            };
             tokio::task::spawn_blocking(move || {
                 let r = lanemq_lite::Engine::open(p.store.clone(), &p.index, &parents);
                 if r.is_err() {
@@ -202,6 +212,28 @@ impl Server {
             crate::cluster_sessions::spawn_takeover_server(broker.clone());
             crate::cluster_sessions::spawn_sync(broker.clone());
             crate::cluster::spawn_lane_watch(broker.clone());
+            // Declared streams and parents this node does not have yet exist before it
+            // listens; when it has them all (a restart), a changed definition goes out in the
+            // background and the listeners open at once.
+            let missing = broker
+                .config
+                .streams
+                .iter()
+                .any(|d| broker.streams.get(&d.name).is_err())
+                || broker
+                    .config
+                    .lite
+                    .parents
+                    .iter()
+                    .any(|d| broker.lite.engine.get_parent(&d.name).is_err());
+            let b = broker.clone();
+            let declare =
+                tokio::task::spawn_blocking(move || crate::cluster::declare_configured(&b));
+            if missing {
+                declare
+                    .await
+                    .map_err(|e| anyhow_lite::Error(e.to_string()))?;
+            }
         }
         crate::retention::spawn(broker.clone());
         spawn_stream_gc(broker.clone());
