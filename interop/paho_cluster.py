@@ -332,6 +332,15 @@ def retained(nodes):
     msgs = col.snapshot()
     result("retained", ok and msgs[0][1] == "kept", "got %r" % msgs[:1])
 
+    # Deleted through node 2's REST API: gone on every node.
+    dst, _ = rest(nodes[1], "DELETE", "/api/v5/mqtt/retainer/message/t/retained/x")
+    gone = [rest(n, "GET", "/api/v5/mqtt/retainer/message/t/retained/x")[0] for n in nodes]
+    result(
+        "retained_deleted_on_every_node",
+        dst in (200, 204) and gone == [404, 404, 404],
+        "delete=%s gets after=%s" % (dst, gone),
+    )
+
 
 def stream_read(port, cid, n, secs=20):
     col = Collector()

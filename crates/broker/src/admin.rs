@@ -235,7 +235,7 @@ impl AdminBackend for BrokerAdmin {
     }
 
     fn delete_retained(&self, topic: &str) -> bool {
-        let removed = self.broker.delete_retained(topic);
+        let removed = self.broker.delete_retained_everywhere(topic);
         if removed {
             info!(topic, "admin API: retained message deleted");
         }

@@ -528,6 +528,8 @@ enum RegistryChange {
     EnsureStream(lanemq_streams::StreamDef),
     EnsureParent(lanemq_lite::ParentDef),
     CreateParent(lanemq_lite::ParentDef),
+    /// Delete the retained message of a topic (REST).
+    DeleteRetained(String),
     UpdateParent(String, lanemq_lite::ParentDef),
     DeleteParent(String),
 }
@@ -701,6 +703,7 @@ impl Broker {
             | RegistryChange::UpdateParent(..)
             | RegistryChange::EnsureParent(_) => RegistryOutcome::Parent(Err(lite(why))),
             RegistryChange::DeleteParent(_) => RegistryOutcome::ParentDone(Err(lite(why))),
+            RegistryChange::DeleteRetained(_) => RegistryOutcome::Done(Err(unavailable(why))),
             _ => RegistryOutcome::Info(Err(unavailable(why))),
         };
         let Some(cluster) = self.cluster.get() else {
@@ -881,6 +884,23 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Delete a retained message (REST): in cluster mode on every node, at the same log
+    /// offset. Whether this node had one.
+    pub fn delete_retained_everywhere(&self, topic: &str) -> bool {
+        if !self.clustered() {
+            return self.delete_retained(topic);
+        }
+        match self.cluster_registry(RegistryChange::DeleteRetained(topic.to_string())) {
+            RegistryOutcome::Removed(r) => r,
+            other => {
+                warn!(topic, outcome = ?other, "cluster: retained message not deleted");
+                false
+            }
+        }
+    }
+}
+
 /// Cluster mode, at start: the streams (`[[streams]]`) and lite parents (`[[lite.parents]]`)
 /// of this node's configuration go through the log, so every node creates them at the same
 /// offset (a node declaring one that exists already changes nothing; one that differs updates
@@ -940,6 +960,9 @@ fn apply_control(broker: &Broker, payload: &[u8], offset: u64) {
     };
     let outcome = tokio::task::block_in_place(|| match op {
         RegistryChange::Lane(_) => RegistryOutcome::Done(Ok(())),
+        RegistryChange::DeleteRetained(topic) => {
+            RegistryOutcome::Removed(broker.delete_retained(&topic))
+        }
         RegistryChange::Create(def) => RegistryOutcome::Info(broker.streams.create(def)),
         RegistryChange::Update(name, def) => {
             RegistryOutcome::Info(broker.streams.update(&name, def))

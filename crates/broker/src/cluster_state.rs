@@ -95,6 +95,8 @@ pub(crate) enum RegistryOutcome {
     Done(Result<(), lanemq_streams::StreamError>),
     Parent(Result<lanemq_lite::ParentInfo, lanemq_lite::LiteError>),
     ParentDone(Result<(), lanemq_lite::LiteError>),
+    /// A retained message deleted (this node had one).
+    Removed(bool),
 }
 
 /// REST calls waiting for their registry change to come back through the log.
