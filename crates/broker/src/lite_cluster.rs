@@ -124,6 +124,11 @@ fn rank(node: &str, key: &str) -> u64 {
     h
 }
 
+/// The key of a group's membership: (parent name, group name).
+fn group_key(parent: &str, group: &str) -> (Arc<str>, Arc<str>) {
+    (parent.into(), group.into())
+}
+
 /// The node of `nodes` that owns the lane `key`.
 fn owner<'a>(nodes: &'a BTreeSet<Arc<str>>, key: &str) -> Option<&'a Arc<str>> {
     nodes.iter().max_by_key(|n| (rank(n, key), Arc::clone(n)))
@@ -376,7 +381,7 @@ impl Dispatcher {
                 group,
                 node,
             } => {
-                let key: (Arc<str>, Arc<str>) = (parent.as_str().into(), group.as_str().into());
+                let key = group_key(&parent, &group);
                 let m = c.groups.entry(key).or_default();
                 if m.nodes.contains(node.as_str()) {
                     return;
@@ -427,7 +432,7 @@ impl Dispatcher {
                 group,
                 node,
             } => {
-                let key: (Arc<str>, Arc<str>) = (parent.as_str().into(), group.as_str().into());
+                let key = group_key(&parent, &group);
                 let m = c.groups.entry(key).or_default();
                 if m.nodes.contains(node.as_str()) {
                     let mut nodes = m.nodes.clone();
@@ -444,7 +449,7 @@ impl Dispatcher {
                 node,
                 at: change,
             } => {
-                let key: (Arc<str>, Arc<str>) = (parent.as_str().into(), group.as_str().into());
+                let key = group_key(&parent, &group);
                 if let Some(m) = c.groups.get_mut(&key) {
                     if let Some(ch) = m.changes.iter_mut().find(|ch| ch.at == change) {
                         ch.waiting.remove(node.as_str());
