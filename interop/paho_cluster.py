@@ -151,7 +151,7 @@ password = "cluster-test-secret"
                 % (self.dir, self.http)
             )
         with open(os.path.join(self.dir, "allow.acl"), "w") as f:
-            f.write("allow all subscribe filter:$stream/#\nallow all publish filter:#\nallow all subscribe filter:#\n")
+            f.write("allow all subscribe,create filter:$stream/#\nallow all publish filter:#\nallow all subscribe filter:#\n")
         self.nats_urls = nats_urls
         self.proc = None
 
@@ -496,6 +496,39 @@ def rest_streams(nodes):
         "rest_stream_deleted_on_every_node",
         dst in (200, 204) and gone == [404, 404, 404] and dup in (200, 201) and dup2 == 409,
         "delete=%s gets after=%s create=%s create again elsewhere=%s" % (dst, gone, dup, dup2),
+    )
+
+
+def stream_auto_created(nodes):
+    """A stream auto-created by a SUBSCRIBE on node 1 exists on every node from the same log
+    offset: the messages published after it replay identically everywhere."""
+    import json
+
+    col = Collector()
+    c = client("ac-sub", nodes[0].port, on_message=col)
+    subscribe(c, "$stream/autoc/t/auto/#", 1)
+    gets = [rest(n, "GET", "/api/v5/stream/autoc")[0] for n in nodes]
+    pub = client("ac-pub", nodes[2].port)
+    ok = publish_all(pub, "t/auto/x", 20, 1)
+    pub.disconnect()
+    live = wait_count(col, 1, 20)
+    c.disconnect()
+    counts = []
+    for n in nodes:
+        end = time.time() + 20
+        rec = None
+        while time.time() < end:
+            code, b = rest(n, "GET", "/api/v5/stream/autoc")
+            if code == 200:
+                rec = json.loads(b).get("stats", {}).get("message_count")
+                if rec:
+                    break
+            time.sleep(0.2)
+        counts.append(rec)
+    result(
+        "stream_auto_created_on_every_node",
+        gets == [200, 200, 200] and ok and live >= 1 and counts[0] is not None and counts.count(counts[0]) == 3,
+        "gets right after the SUBSCRIBE=%s pubacked=%s live=%d records per node=%s" % (gets, ok, live, counts),
     )
 
 
@@ -891,6 +924,7 @@ def main():
         session_move(nodes)
         rest_streams(nodes)
         rest_parents(nodes)
+        stream_auto_created(nodes)
         cluster_metrics(nodes)
         lanes_across_nodes(nodes)
         lanes_node_loss(nodes)

@@ -523,6 +523,8 @@ enum RegistryChange {
     Update(String, lanemq_streams::StreamDef),
     Delete(String),
     Lane(crate::lite::LaneOp),
+    /// An internal stream (`$s/` subscriptions) auto-created by a SUBSCRIBE.
+    CreateInternal(lanemq_streams::StreamDef),
     /// A stream or parent of a node's configuration: created if missing, updated if it
     /// differs.
     EnsureStream(lanemq_streams::StreamDef),
@@ -775,6 +777,24 @@ impl Broker {
         }
     }
 
+    /// [`lanemq_streams::engine::Engine::create_internal`] (a stream auto-created for `$s/`
+    /// subscriptions), cluster-wide in cluster mode.
+    pub fn create_stream_internal(
+        &self,
+        def: lanemq_streams::StreamDef,
+    ) -> Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError> {
+        if !self.clustered() {
+            return self.streams.create_internal(def);
+        }
+        match self.cluster_registry(RegistryChange::CreateInternal(def)) {
+            RegistryOutcome::Info(r) => r,
+            RegistryOutcome::Done(Err(e)) => Err(e),
+            _ => Err(lanemq_streams::StreamError::Storage(
+                "unexpected answer".into(),
+            )),
+        }
+    }
+
     /// [`lanemq_streams::engine::Engine::update`], cluster-wide in cluster mode.
     pub fn update_stream(
         &self,
@@ -964,6 +984,9 @@ fn apply_control(broker: &Broker, payload: &[u8], offset: u64) {
             RegistryOutcome::Removed(broker.delete_retained(&topic))
         }
         RegistryChange::Create(def) => RegistryOutcome::Info(broker.streams.create(def)),
+        RegistryChange::CreateInternal(def) => {
+            RegistryOutcome::Info(broker.streams.create_internal(def))
+        }
         RegistryChange::Update(name, def) => {
             RegistryOutcome::Info(broker.streams.update(&name, def))
         }

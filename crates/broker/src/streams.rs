@@ -91,13 +91,18 @@ pub struct Refused {
 /// auto-create it when `streams_config.auto_create` allows and `may_create` (the ACL's
 /// `create` on the name and `subscribe` on the filter) agrees, keep an identical existing
 /// subscription, or replace it and store the new one. Blocking parts (create, the first
-/// index lookup) run under `block_in_place`.
+/// index lookup) run under `block_in_place`; `create(def, internal)` creates the stream (the
+/// broker's: cluster-wide in cluster mode).
 pub fn subscribe(
     engine: &Arc<Engine>,
     persist: &Persist,
     session: &Session,
     req: SubscribeRequest<'_>,
     may_create: impl FnOnce(&str) -> bool,
+    create: impl FnOnce(
+        lanemq_streams::StreamDef,
+        bool,
+    ) -> Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError>,
 ) -> Result<Subscribed, Refused> {
     use lanemq_protocol::reason as rc;
     use lanemq_streams::subscribe::{offset_from_user_properties, parse_topic};
@@ -164,14 +169,7 @@ pub fn subscribe(
                     None => def.data_retention_period = settings.regular_stream_retention_period,
                 }
                 let legacy = t.legacy;
-                let e = engine.clone();
-                let created = tokio::task::block_in_place(move || {
-                    if legacy {
-                        e.create_internal(def)
-                    } else {
-                        e.create(def)
-                    }
-                });
+                let created = tokio::task::block_in_place(move || create(def, legacy));
                 match created {
                     Ok(_) | Err(StreamError::AlreadyExists(_)) => {
                         handle = engine.lookup(&t.name);

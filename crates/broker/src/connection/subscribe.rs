@@ -293,6 +293,13 @@ impl Conn {
             &self.session,
             req,
             |f| self.allowed_auto_create(f),
+            |def, internal| {
+                if internal {
+                    self.broker.create_stream_internal(def)
+                } else {
+                    self.broker.create_stream(def)
+                }
+            },
         );
         match answer {
             Ok(s) => {
