@@ -768,13 +768,7 @@ impl Broker {
         if !self.clustered() {
             return self.streams.create(def);
         }
-        match self.cluster_registry(RegistryChange::Create(def)) {
-            RegistryOutcome::Info(r) => r,
-            RegistryOutcome::Done(Err(e)) => Err(e),
-            _ => Err(lanemq_streams::StreamError::Storage(
-                "unexpected answer".into(),
-            )),
-        }
+        stream_answer(self.cluster_registry(RegistryChange::Create(def)))
     }
 
     /// [`lanemq_streams::engine::Engine::create_internal`] (a stream auto-created for `$s/`
@@ -786,13 +780,7 @@ impl Broker {
         if !self.clustered() {
             return self.streams.create_internal(def);
         }
-        match self.cluster_registry(RegistryChange::CreateInternal(def)) {
-            RegistryOutcome::Info(r) => r,
-            RegistryOutcome::Done(Err(e)) => Err(e),
-            _ => Err(lanemq_streams::StreamError::Storage(
-                "unexpected answer".into(),
-            )),
-        }
+        stream_answer(self.cluster_registry(RegistryChange::CreateInternal(def)))
     }
 
     /// [`lanemq_streams::engine::Engine::update`], cluster-wide in cluster mode.
@@ -804,13 +792,7 @@ impl Broker {
         if !self.clustered() {
             return self.streams.update(name, def);
         }
-        match self.cluster_registry(RegistryChange::Update(name.to_string(), def)) {
-            RegistryOutcome::Info(r) => r,
-            RegistryOutcome::Done(Err(e)) => Err(e),
-            _ => Err(lanemq_streams::StreamError::Storage(
-                "unexpected answer".into(),
-            )),
-        }
+        stream_answer(self.cluster_registry(RegistryChange::Update(name.to_string(), def)))
     }
 
     /// [`lanemq_streams::engine::Engine::delete`], cluster-wide in cluster mode.
@@ -943,6 +925,19 @@ pub fn declare_configured(broker: &Broker) {
             }
             _ => {}
         }
+    }
+}
+
+/// A registry change's answer as a stream's info.
+fn stream_answer(
+    o: RegistryOutcome,
+) -> Result<lanemq_streams::StreamInfo, lanemq_streams::StreamError> {
+    match o {
+        RegistryOutcome::Info(r) => r,
+        RegistryOutcome::Done(Err(e)) => Err(e),
+        _ => Err(lanemq_streams::StreamError::Storage(
+            "unexpected answer".into(),
+        )),
     }
 }
 
