@@ -28,7 +28,7 @@ use crate::cluster_state::{Cluster, RegistryOutcome};
 use crate::ingest::Admitted;
 use crate::message::{Message, NOT_STORED};
 use bytes::Bytes;
-use lanemq_cluster::{ClusterError, Done};
+use lanemq_cluster::{Ack, ClusterError, Done, Frame};
 use lanemq_store::{Callback, RecordIn, StoreError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,35 +44,46 @@ const STALL_CHECK: Duration = Duration::from_secs(2);
 /// The topic of the placeholder record stored for a stream message that is not a lanemq record.
 pub const VOID_TOPIC: &str = "$lanemq/void";
 
-/// The log offset an empty local log starts at to join the cluster, or why this node's log
-/// cannot be a replica of the cluster's.
-pub fn base_offset(state: lanemq_cluster::StreamState) -> u64 {
-    if state.last_seq == 0 {
-        0
-    } else {
-        state.first_seq.saturating_sub(1)
+/// Where an empty local log starts to follow the cluster's stream: its first message (offset
+/// 0) while nothing was ever removed from the stream's head, else the newest offset mark
+/// ([`lanemq_cluster::Link::mark`]) that is still in the stream.
+pub fn join_point(
+    state: lanemq_cluster::StreamState,
+    mark: Option<(u64, u64)>,
+) -> Result<Position, String> {
+    if state.first_seq <= 1 {
+        return Ok(Position { seq: 1, offset: 0 });
+    }
+    match mark {
+        Some((seq, offset)) if seq >= state.first_seq => Ok(Position { seq, offset }),
+        _ => Err(format!(
+            "the cluster's log starts at stream sequence {} (its limits removed the records \
+             before) and holds no offset mark this node could start from; start this node \
+             once a running node wrote one (every 30 s)",
+            state.first_seq
+        )),
     }
 }
 
-/// Check that the local log (`first..next`) can follow the cluster's stream.
-pub fn check_alignment(local_next: u64, state: lanemq_cluster::StreamState) -> Result<(), String> {
-    let cluster_next = state.last_seq;
-    if local_next > cluster_next {
+/// Check that the local log, continuing the stream at `p` ([`resume_point`]), can follow
+/// the cluster's stream.
+pub fn check_alignment(p: Position, state: lanemq_cluster::StreamState) -> Result<(), String> {
+    if p.seq > state.last_seq + 1 {
         return Err(format!(
-            "this node's log holds offsets up to {} but the cluster's log ends at offset {} \
-             (stream sequence {}): the data directory belongs to another log (a single-node \
-             broker, or a stream that was deleted); start this node with an empty data directory",
-            local_next.saturating_sub(1),
-            cluster_next as i64 - 1,
-            state.last_seq
+            "this node's log continues the cluster's log at stream sequence {} but the \
+             cluster's log ends at sequence {}: the data directory belongs to another log (a \
+             single-node broker, or a stream that was deleted); start this node with an empty \
+             data directory",
+            p.seq, state.last_seq
         ));
     }
-    let cluster_first = state.first_seq.saturating_sub(1);
-    if local_next < cluster_first {
+    if p.seq < state.first_seq {
         return Err(format!(
-            "this node's log ends at offset {local_next} but the cluster's log now starts at \
-             offset {cluster_first}: the records between were removed by the stream's limits \
-             before this node read them; start this node with an empty data directory"
+            "this node's log continues the cluster's log at stream sequence {} but the \
+             cluster's log now starts at sequence {}: the records between were removed by the \
+             stream's limits before this node read them; start this node with an empty data \
+             directory",
+            p.seq, state.first_seq
         ));
     }
     Ok(())
@@ -101,7 +112,8 @@ impl Broker {
 
     /// Cluster mode's [`Broker::admit_as`]: hand the record to the cluster's log. The message
     /// is marked `forwarded` (the replicator delivers it on every node); `on_durable` fires
-    /// with its log offset once JetStream stored it.
+    /// once JetStream stored it, with an ack token ([`ack_token`]; the log offset is known
+    /// once the replicator applied it: [`Broker::cluster_offset`]).
     pub(crate) fn cluster_admit(
         &self,
         cluster: &Cluster,
@@ -115,16 +127,16 @@ impl Broker {
         let payload = encode(msg, inbound_pid)?;
         let done: Option<Done> = on_durable.map(|cb| {
             let failures = cluster.publish_failures.clone();
-            let c: Done = Box::new(move |r: Result<u64, ClusterError>| {
+            let c: Done = Box::new(move |r: Result<Ack, ClusterError>| {
                 if r.is_err() {
                     failures.fetch_add(1, Ordering::Relaxed);
                 }
-                cb(r.map(|seq| seq.saturating_sub(1))
+                cb(r.map(ack_token)
                     .map_err(|e| StoreError::Cluster(e.to_string())));
             });
             c
         });
-        self.cluster_send(cluster, &msg.topic, payload, done)?;
+        self.cluster_send(cluster, payload, done)?;
         Ok(Admitted::Stored(NOT_STORED))
     }
 
@@ -133,32 +145,57 @@ impl Broker {
     fn cluster_send(
         &self,
         cluster: &Cluster,
-        topic: &str,
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), StoreError> {
         cluster.published.fetch_add(1, Ordering::Relaxed);
-        match cluster.link.try_publish(topic, payload, done) {
+        match cluster.link.try_publish(payload, done) {
             Ok(()) => Ok(()),
             Err((payload, done)) => {
                 let link = cluster.link.clone();
-                tokio::task::block_in_place(move || link.publish_blocking(topic, payload, done))
+                tokio::task::block_in_place(move || link.publish_blocking(payload, done))
                     .map_err(|e| StoreError::Cluster(e.to_string()))
             }
         }
     }
 
-    /// Cluster mode's [`Broker::admit_quiet`]: QoS 0 records nobody waits for, published
-    /// without an ack, in order.
+    /// Cluster mode's [`Broker::admit_quiet`]: QoS 0 records nobody waits for, in order. They
+    /// are paced as on a single node: when the link's queue is full, or this node's replicator
+    /// is more than [`QUIET_LAG_MAX`] messages behind what JetStream acknowledged to it, the
+    /// records are dropped and counted (`messages_dropped`, `cluster_qos0_dropped`) instead of
+    /// queueing: a flood never builds a queue that delays everyone else.
     pub(crate) fn cluster_admit_quiet(
         &self,
         cluster: &Cluster,
         msgs: &mut [Message],
     ) -> Result<(), StoreError> {
+        let lagging = cluster
+            .link
+            .acked_seq()
+            .saturating_sub(cluster.applied_seq.load(Ordering::Relaxed))
+            > QUIET_LAG_MAX;
+        let mut dropped = 0usize;
         for m in msgs.iter_mut() {
             m.forwarded = true;
+            if lagging {
+                dropped += 1;
+                continue;
+            }
             let payload = encode(m, None)?;
-            self.cluster_send(cluster, &m.topic, payload, None)?;
+            if cluster.link.try_publish(payload, None).is_err() {
+                dropped += 1;
+            } else {
+                cluster.published.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if dropped > 0 {
+            cluster
+                .qos0_dropped
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+            self.stats
+                .messages_dropped
+                .fetch_add(dropped as u64, Ordering::Relaxed);
+            tracing::debug!(client_id = %msgs[0].publisher, dropped, "cluster: QoS 0 messages dropped (the cluster's log is behind)");
         }
         Ok(())
     }
@@ -183,28 +220,116 @@ impl Broker {
             }
         });
         cluster.published.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = cluster
-            .link
-            .publish_blocking(&msg.topic, payload, Some(done))
-        {
+        if let Err(e) = cluster.link.publish_blocking(payload, Some(done)) {
             warn!(error = %e, "cannot publish to the cluster");
+        }
+    }
+
+    /// Cluster mode: the log offset of a record JetStream acknowledged ([`ack_token`]), once
+    /// this node's replicator applied it (waits up to `wait`; blocks: call it off the
+    /// runtime's workers). `None` when it did not come in time.
+    pub fn cluster_offset(&self, token: u64, wait: Duration) -> Option<u64> {
+        let cluster = self.cluster.get()?;
+        let (seq, index) = (token >> ACK_INDEX_BITS, token & ((1 << ACK_INDEX_BITS) - 1));
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            {
+                let applied = cluster.applied.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some((_, base)) = applied.iter().rev().find(|(s, _)| *s == seq) {
+                    return Some(base + index);
+                }
+                if applied.front().is_some_and(|(s, _)| *s > seq) {
+                    return None;
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 }
 
-/// Completions of local appends the replicator waits for.
+/// Bits of an ack token that hold the record's index in its batch.
+const ACK_INDEX_BITS: u32 = 20;
+
+/// What a cluster-mode `on_durable` callback gets instead of a log offset: the stream
+/// sequence and the record's index in its batch, packed (the offset itself is known once the
+/// replicator applied the message: [`Broker::cluster_offset`]).
+pub fn ack_token(a: Ack) -> u64 {
+    (a.seq << ACK_INDEX_BITS) | u64::from(a.index)
+}
+
+/// QoS 0 records are dropped while this node's replicator is more than this many stream
+/// messages behind what JetStream acknowledged to it.
+const QUIET_LAG_MAX: u64 = 64;
+
+/// Completions of local appends the replicator waits for: the local log is durable below
+/// `durable` (the callback of a message's last record sets it; the log completes in order).
 #[derive(Debug, Default)]
 struct Completions {
-    ok: AtomicU64,
+    durable: AtomicU64,
     failed: AtomicBool,
     notify: tokio::sync::Notify,
 }
 
+/// Index hint kind: on the first record of each message of the cluster's log, the message's
+/// stream sequence (`id`) and its number of records (`seq`). A restart finds where to read
+/// the stream again from the last one ([`resume_point`]).
+pub const HINT_CLUSTER_SEQ: u8 = 0x11;
+
+/// How far back from its end a restart looks for [`HINT_CLUSTER_SEQ`] (a batch has at most
+/// this many records).
+use lanemq_cluster::BATCH_RECORDS_MAX;
+
+/// How often the replicator writes an offset mark to the stream (when it appended anything).
+const MARK_EVERY: Duration = Duration::from_secs(30);
+
+/// Where the replicator reads the stream again: the message at stream sequence `seq` starts
+/// at log offset `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// Stream sequence of the next message to read.
+    pub seq: u64,
+    /// Log offset of that message's first record.
+    pub offset: u64,
+}
+
+/// Where a local log continues the cluster's stream: from the last record that carries
+/// [`HINT_CLUSTER_SEQ`] (that message is read again; its records this log already holds are
+/// skipped). `None` for an empty log. A log without such a record (written before batch
+/// frames, one record per message) continues at sequence `next offset + 1`.
+pub fn resume_point(store: &lanemq_store::Store) -> Result<Option<Position>, String> {
+    let next = store.next_offset();
+    let first = store.first_offset();
+    if next <= first {
+        return Ok(None);
+    }
+    let floor = first.max(next.saturating_sub(BATCH_RECORDS_MAX as u64 + 1));
+    let mut o = next;
+    while o > floor {
+        o -= 1;
+        let rec = store
+            .read(o)
+            .map_err(|e| format!("reading the local log at offset {o}: {e}"))?;
+        if let Some(h) = rec.index_hints.iter().find(|h| h.kind == HINT_CLUSTER_SEQ) {
+            return Ok(Some(Position {
+                seq: h.id,
+                offset: o,
+            }));
+        }
+    }
+    Ok(Some(Position {
+        seq: next + 1,
+        offset: next,
+    }))
+}
+
 /// Start the replicator: the stream read in order from the local log's end, appended locally
 /// and delivered to this node's sessions.
-pub fn spawn_replicator(broker: Arc<Broker>) {
+pub fn spawn_replicator(broker: Arc<Broker>, start: Position) {
     tokio::spawn(async move {
-        if let Err(why) = replicate(&broker).await {
+        if let Err(why) = replicate(&broker, start).await {
             if let Some(c) = broker.cluster.get() {
                 c.failed.store(true, Ordering::SeqCst);
             }
@@ -213,16 +338,28 @@ pub fn spawn_replicator(broker: Arc<Broker>) {
     });
 }
 
-async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
+/// The replicator's state between messages.
+struct Replica {
+    /// The next message to apply and the offset of its first record.
+    pos: Position,
+    done: Arc<Completions>,
+    /// Records appended, not yet durable, in offset order.
+    pending: VecDeque<Arc<Message>>,
+    low: Arc<AtomicU64>,
+}
+
+async fn replicate(broker: &Arc<Broker>, start: Position) -> Result<(), String> {
     let Some(cluster) = broker.cluster.get() else {
         return Ok(());
     };
     let link = cluster.link.clone();
     let store = broker.persist.store.clone();
-    let low = broker.persist.register_low();
-    let done = Arc::new(Completions::default());
-    let mut completed: u64 = 0;
-    let mut pending: VecDeque<Arc<Message>> = VecDeque::new();
+    let mut r = Replica {
+        pos: start,
+        done: Arc::new(Completions::default()),
+        pending: VecDeque::new(),
+        low: broker.persist.register_low(),
+    };
     let mut shutdown = broker.shutdown_signal();
     let mut pause = Duration::from_millis(100);
     let mut installs = cluster
@@ -233,15 +370,31 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
         .ok_or("the replicator runs once")?;
     let mut waiting: Vec<crate::cluster_state::Install> = Vec::new();
     cluster.routed.store(store.next_offset(), Ordering::SeqCst);
-    replay_lane_membership(broker, &link, store.next_offset()).await;
+    cluster
+        .applied_seq
+        .store(start.seq.saturating_sub(1), Ordering::Relaxed);
+    // The membership records up to the message this log holds in full (a membership record
+    // travels alone: its message is whole once its record is here).
+    let upto = if start.offset < store.next_offset() {
+        start.seq
+    } else {
+        start.seq.saturating_sub(1)
+    };
+    replay_lane_membership(broker, &link, upto).await;
+    let mut marked = tokio::time::Instant::now();
+    let mut marked_seq = 0u64;
     loop {
         if broker.is_shutting_down() {
             return Ok(());
         }
-        let from = store.next_offset() + 1;
+        let from = r.pos.seq;
         let mut feed = match link.feed(from).await {
             Ok(f) => {
-                info!(from_seq = from, "cluster: reading the log");
+                info!(
+                    from_seq = from,
+                    offset = r.pos.offset,
+                    "cluster: reading the log"
+                );
                 pause = Duration::from_millis(100);
                 f
             }
@@ -272,12 +425,12 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
                 }
                 report = tokio::time::Instant::now() + REPORT_EVERY;
             }
-            let notified = done.notify.notified();
+            let notified = r.done.notify.notified();
             tokio::select! {
                 entry = feed.next() => match entry {
                     Some(Ok(e)) => {
                         last_entry = tokio::time::Instant::now();
-                        apply(broker, &done, &mut pending, &low, e)?
+                        apply(broker, &mut r, e)?
                     }
                     Some(Err(e)) => {
                         warn!(error = %e, "cluster: reading the log failed; reading again");
@@ -294,9 +447,9 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
                     // this node has not read is opened again.
                     if last_entry.elapsed() >= STALL_CHECK {
                         if let Ok(state) = link.state().await {
-                            if state.last_seq > store.next_offset() {
+                            if state.last_seq >= r.pos.seq {
                                 warn!(
-                                    next_offset = store.next_offset(),
+                                    next_seq = r.pos.seq,
                                     stream_last_seq = state.last_seq,
                                     "cluster: the log's feed stalled; reading again"
                                 );
@@ -304,11 +457,21 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
                             }
                         }
                     }
+                    // An offset mark now and then: a node with an empty log can join from it
+                    // once the stream's limits removed its head.
+                    if marked.elapsed() >= MARK_EVERY && r.pos.seq > marked_seq + 1 {
+                        marked = tokio::time::Instant::now();
+                        marked_seq = r.pos.seq;
+                        if let Err(e) = link.mark(r.pos.seq, r.pos.offset).await {
+                            tracing::debug!(error = %e, "cluster: offset mark not written");
+                        }
+                    }
                 }
                 _ = shutdown.changed() => return Ok(()),
             }
-            deliver_completed(broker, &done, &mut completed, &mut pending, &low)?;
-            let routed = pending
+            deliver_completed(broker, &mut r)?;
+            let routed = r
+                .pending
                 .front()
                 .map_or_else(|| store.next_offset(), |m| m.offset);
             cluster.routed.store(routed, Ordering::SeqCst);
@@ -326,21 +489,21 @@ async fn replicate(broker: &Arc<Broker>) -> Result<(), String> {
         }
     }
 }
-
-/// The lane membership records this node's local log already holds, read again from the
-/// cluster's log so the dispatcher knows the groups' member sets (they are not kept locally).
-async fn replay_lane_membership(broker: &Broker, link: &lanemq_cluster::Link, next_offset: u64) {
+/// The lane membership records of the messages this node's local log already holds (stream
+/// sequences up to `upto`), read again from the cluster's log so the dispatcher knows the
+/// groups' member sets (they are not kept locally).
+async fn replay_lane_membership(broker: &Broker, link: &lanemq_cluster::Link, upto: u64) {
     let mut pause = Duration::from_millis(250);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match link.read_subject(LANES_TOPIC, next_offset).await {
+        match link.read_subject(LANES_TOPIC, upto).await {
             Ok(entries) => {
                 let n = entries.len();
                 for e in entries {
                     if let Some(op) = lane_op_of(&e.payload) {
                         broker.lite.send(crate::lite::Event::Remote {
                             op,
-                            at: e.seq.saturating_sub(1),
+                            at: e.seq,
                             replay: true,
                         });
                     }
@@ -363,27 +526,83 @@ async fn replay_lane_membership(broker: &Broker, link: &lanemq_cluster::Link, ne
     }
 }
 
-/// Append one record of the stream to the local log at its offset.
-fn apply(
-    broker: &Arc<Broker>,
-    done: &Arc<Completions>,
-    pending: &mut VecDeque<Arc<Message>>,
-    low: &AtomicU64,
-    e: lanemq_cluster::Entry,
-) -> Result<(), String> {
-    let store = &broker.persist.store;
-    let expected = store.next_offset();
-    let offset = e.seq.saturating_sub(1);
-    if offset < expected {
+/// Apply one message of the stream: its records appended to the local log at their offsets
+/// (the first one carries [`HINT_CLUSTER_SEQ`]), in one pass, with one completion callback
+/// for the last record.
+fn apply(broker: &Arc<Broker>, r: &mut Replica, e: lanemq_cluster::Entry) -> Result<(), String> {
+    if e.seq < r.pos.seq {
         return Ok(()); // already here (the feed was restarted)
     }
-    if offset > expected {
+    if e.seq > r.pos.seq {
         return Err(format!(
-            "the cluster's log skipped from offset {expected} to {offset} (its limits removed \
-             records this node had not read); restart this node with an empty data directory"
+            "the cluster's log skipped from sequence {} to {} (its limits removed records \
+             this node had not read); restart this node with an empty data directory",
+            r.pos.seq, e.seq
         ));
     }
-    let (mut msg, pid) = match lanemq_store::record::decode_record(e.payload.clone()) {
+    let records = match lanemq_cluster::frame_of(e.payload) {
+        Ok(Frame::Records(recs)) => recs,
+        Ok(Frame::Mark { .. }) => Vec::new(),
+        Err(why) => {
+            warn!(
+                seq = e.seq,
+                why,
+                "cluster: a message of the log is not a valid batch frame; nothing of it is stored"
+            );
+            Vec::new()
+        }
+    };
+    let store = &broker.persist.store;
+    let base = r.pos.offset;
+    let count = records.len();
+    let cluster = broker.cluster.get().ok_or("not in cluster mode")?;
+    for (i, payload) in records.into_iter().enumerate() {
+        let offset = base + i as u64;
+        let expected = store.next_offset();
+        if offset < expected {
+            continue; // a message this log holds in part (a restart cut it)
+        }
+        if offset > expected {
+            return Err(format!(
+                "the local log is at offset {expected} but the cluster's record is at {offset}"
+            ));
+        }
+        let hint = (i == 0).then_some(lanemq_store::IndexHint {
+            kind: HINT_CLUSTER_SEQ,
+            id: e.seq,
+            seq: count as u64,
+        });
+        let last = i + 1 == count;
+        apply_record(broker, r, payload, offset, hint, last)?;
+        cluster.replicated.fetch_add(1, Ordering::Relaxed);
+    }
+    r.pos = Position {
+        seq: e.seq + 1,
+        offset: base + count as u64,
+    };
+    cluster.applied_seq.store(e.seq, Ordering::Relaxed);
+    let mut applied = cluster.applied.lock().unwrap_or_else(|e| e.into_inner());
+    if applied.len() >= APPLIED_KEPT {
+        applied.pop_front();
+    }
+    applied.push_back((e.seq, base));
+    Ok(())
+}
+
+/// Messages of the stream whose first offset is kept for [`Broker::cluster_offset`].
+const APPLIED_KEPT: usize = 4096;
+
+/// Append one record of a message at `offset` (the local log's next one).
+fn apply_record(
+    broker: &Arc<Broker>,
+    r: &mut Replica,
+    payload: Bytes,
+    offset: u64,
+    hint: Option<lanemq_store::IndexHint>,
+    last: bool,
+) -> Result<(), String> {
+    let store = &broker.persist.store;
+    let (mut msg, pid) = match lanemq_store::record::decode_record(payload.clone()) {
         Ok(rec) => {
             let pid = rec
                 .index_hints
@@ -393,9 +612,9 @@ fn apply(
             (Message::from_record(&rec), pid)
         }
         Err(why) => {
-            let control = e.payload.starts_with(CTL_MAGIC);
+            let control = payload.starts_with(CTL_MAGIC);
             if !control {
-                warn!(seq = e.seq, why, "cluster: a message on the log's subjects is not a lanemq record; stored as {VOID_TOPIC}");
+                warn!(offset, why, "cluster: a message on the log's subjects is not a lanemq record; stored as {VOID_TOPIC}");
             }
             let mut m = Message::new(
                 VOID_TOPIC.into(),
@@ -406,16 +625,18 @@ fn apply(
                 "$lanemq".into(),
             );
             m.offset = NOT_STORED;
-            let rec: RecordIn = crate::persist::record_in(&m, None);
+            let mut rec: RecordIn = crate::persist::record_in(&m, None);
+            rec.index_hints.extend(hint);
+            let cb = last.then(|| completion(&r.done, offset));
             let got = store
-                .append(rec, Box::new(|_| {}))
+                .append_blocking(rec, |_, _| {}, cb)
                 .map_err(|e| format!("local log: {e}"))?;
             if got != offset {
                 return Err(format!("local log appended at {got}, expected {offset}"));
             }
             if control {
                 // A registry change: applied here, after its placeholder, on every node.
-                apply_control(broker, &e.payload, offset);
+                apply_control(broker, &payload, offset);
             }
             return Ok(());
         }
@@ -425,78 +646,65 @@ fn apply(
     // refuses here (its quota differs from the origin's) is stored as a plain record.
     let lane = broker.classify(&msg.topic).unwrap_or(None);
     let quiet = msg.qos == lanemq_protocol::QoS::AtMostOnce && !msg.retain && lane.is_none();
-    let now = quiet && pending.is_empty();
-    let cb: Option<Callback> = if now {
-        None
-    } else {
-        let d = done.clone();
-        Some(Box::new(move |r| {
-            match r {
-                Ok(_) => {
-                    d.ok.fetch_add(1, Ordering::Release);
-                }
-                Err(_) => d.failed.store(true, Ordering::Release),
-            }
-            d.notify.notify_one();
-        }))
-    };
-    if pending.is_empty() && !now {
-        low.store(expected, Ordering::SeqCst);
+    // A QoS 0 record with nothing waiting before it is delivered at once.
+    let now = quiet && r.pending.is_empty();
+    let cb: Option<Callback> = (last && !now).then(|| completion(&r.done, offset));
+    if r.pending.is_empty() && !now {
+        r.low.store(offset, Ordering::SeqCst);
     }
     // Lane times are the log's time: the same decisions (TTL) at the same offset everywhere.
     broker.lite.engine.advance_clock(msg.timestamp_us);
-    let got = match broker
-        .admit_local(&mut msg, lane, pid, cb)
-        .map_err(|e| format!("local log: {e}"))?
-    {
-        Admitted::Stored(o) => o,
-        Admitted::Refused { why, .. } => return Err(format!("local log refused a record: {why}")),
-    };
+    let got = broker
+        .append_replica(&mut msg, lane, pid, hint, cb)
+        .map_err(|e| format!("local log: {e}"))?;
     if got != offset {
         return Err(format!(
             "the local log appended at offset {got} but the cluster's record is at {offset}"
         ));
     }
     msg.offset = got;
-    if let Some(c) = broker.cluster.get() {
-        c.replicated.fetch_add(1, Ordering::Relaxed);
-    }
     let msg = Arc::new(msg);
     if now {
         broker.deliver(msg);
         broker.committed();
     } else {
-        pending.push_back(msg);
+        r.pending.push_back(msg);
     }
     Ok(())
 }
 
+/// The callback of a message's last record: the local log is durable up to `offset`.
+fn completion(done: &Arc<Completions>, offset: u64) -> Callback {
+    let d = done.clone();
+    Box::new(move |r| {
+        match r {
+            Ok(_) => {
+                d.durable.fetch_max(offset + 1, Ordering::Release);
+            }
+            Err(_) => d.failed.store(true, Ordering::Release),
+        }
+        d.notify.notify_one();
+    })
+}
+
 /// Deliver, in order, the pending records the local log has made durable.
-fn deliver_completed(
-    broker: &Arc<Broker>,
-    done: &Completions,
-    completed: &mut u64,
-    pending: &mut VecDeque<Arc<Message>>,
-    low: &AtomicU64,
-) -> Result<(), String> {
-    if done.failed.load(Ordering::Acquire) {
+fn deliver_completed(broker: &Arc<Broker>, r: &mut Replica) -> Result<(), String> {
+    if r.done.failed.load(Ordering::Acquire) {
         return Err("the local log refused a write".into());
     }
-    let ok = done.ok.load(Ordering::Acquire);
+    let durable = r.done.durable.load(Ordering::Acquire);
     let mut any = false;
-    while *completed < ok {
-        let Some(msg) = pending.pop_front() else {
-            break;
-        };
-        *completed += 1;
-        broker.deliver(msg);
-        any = true;
+    while r.pending.front().is_some_and(|m| m.offset < durable) {
+        if let Some(msg) = r.pending.pop_front() {
+            broker.deliver(msg);
+            any = true;
+        }
     }
     if any {
         broker.committed();
     }
-    low.store(
-        pending.front().map_or(u64::MAX, |m| m.offset),
+    r.low.store(
+        r.pending.front().map_or(u64::MAX, |m| m.offset),
         Ordering::SeqCst,
     );
     Ok(())
@@ -544,13 +752,10 @@ const BEAT_EVERY: Duration = Duration::from_secs(1);
 /// A node not heard for this long is declared down (its lanes go to the other nodes).
 pub const NODE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The control record of a lane record, and the topic it goes under.
-fn lane_record(node: &str, op: crate::lite::LaneOp) -> Option<(&'static str, Bytes)> {
-    let topic = if op.is_membership() {
-        LANES_TOPIC
-    } else {
-        VOID_TOPIC
-    };
+/// The control record of a lane record, and the topic it goes alone under (membership
+/// records: a starting node reads them again by subject); `None`: in a batch.
+fn lane_record(node: &str, op: crate::lite::LaneOp) -> Option<(Option<&'static str>, Bytes)> {
+    let topic = op.is_membership().then_some(LANES_TOPIC);
     let req = RegistryOp {
         node: node.to_string(),
         id: 0,
@@ -656,7 +861,11 @@ pub fn spawn_lane_watch(broker: Arc<Broker>) {
                         };
                         if let Some((topic, body)) = lane_record(&me, op) {
                             let done: Done = Box::new(|_| {});
-                            if let Err(e) = link.publish(topic, body, Some(done)).await {
+                            let sent = match topic {
+                                Some(t) => link.publish_alone(t, body, Some(done)).await,
+                                None => link.publish(body, Some(done)).await,
+                            };
+                            if let Err(e) = sent {
                                 warn!(error = %e, "cluster: cannot write a lane record");
                             }
                         }
@@ -687,7 +896,11 @@ impl Broker {
                 warn!(error = %e, "cluster: a lane record was not stored");
             }
         });
-        if let Err(e) = cluster.link.publish_blocking(topic, body, Some(done)) {
+        let sent = match topic {
+            Some(t) => cluster.link.publish_alone_blocking(t, body, Some(done)),
+            None => cluster.link.publish_blocking(body, Some(done)),
+        };
+        if let Err(e) = sent {
             warn!(error = %e, "cluster: cannot write a lane record");
         }
     }
@@ -732,9 +945,7 @@ impl Broker {
         let done: Done = Box::new(move |r| {
             let _ = dtx.send(r);
         });
-        let sent = cluster
-            .link
-            .publish_blocking(VOID_TOPIC, Bytes::from(body), Some(done));
+        let sent = cluster.link.publish_blocking(Bytes::from(body), Some(done));
         let stored = match sent {
             Ok(()) => drx
                 .recv_timeout(REGISTRY_WAIT)
@@ -1041,19 +1252,26 @@ mod tests {
 
     #[test]
     fn a_local_log_must_fit_the_clusters() {
-        // Empty stream: an empty log fits, a log with records does not (another log's data).
-        assert_eq!(base_offset(state(0, 0)), 0);
-        assert!(check_alignment(0, state(0, 0)).is_ok());
-        assert!(check_alignment(5, state(0, 0)).is_err());
-        // The stream holds 1..=100: a log at any point up to its end fits.
-        assert!(check_alignment(0, state(1, 100)).is_ok());
-        assert!(check_alignment(100, state(1, 100)).is_ok());
-        assert!(check_alignment(101, state(1, 100)).is_err());
-        // Its limits removed 1..=49: an empty log starts at offset 49; a log ending before
-        // that has a gap.
-        assert_eq!(base_offset(state(50, 100)), 49);
-        assert!(check_alignment(49, state(50, 100)).is_ok());
-        assert!(check_alignment(10, state(50, 100)).is_err());
+        let at = |seq, offset| Position { seq, offset };
+        // An empty stream, or one that still holds its first message: an empty log starts at 0.
+        assert_eq!(join_point(state(0, 0), None), Ok(at(1, 0)));
+        assert_eq!(join_point(state(1, 100), None), Ok(at(1, 0)));
+        // Its limits removed 1..=49: an empty log needs a mark still in the stream.
+        assert!(join_point(state(50, 100), None).is_err());
+        assert!(join_point(state(50, 100), Some((40, 900))).is_err());
+        assert_eq!(
+            join_point(state(50, 100), Some((60, 1200))),
+            Ok(at(60, 1200))
+        );
+        // A log that continues at sequence 1..=101 fits 1..=100; one past it, or before the
+        // stream's first message, does not.
+        assert!(check_alignment(at(1, 0), state(0, 0)).is_ok());
+        assert!(check_alignment(at(6, 5), state(0, 0)).is_err());
+        assert!(check_alignment(at(1, 0), state(1, 100)).is_ok());
+        assert!(check_alignment(at(101, 5000), state(1, 100)).is_ok());
+        assert!(check_alignment(at(102, 5000), state(1, 100)).is_err());
+        assert!(check_alignment(at(49, 700), state(50, 100)).is_err());
+        assert!(check_alignment(at(50, 700), state(50, 100)).is_ok());
     }
 
     #[test]

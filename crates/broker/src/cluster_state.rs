@@ -35,6 +35,13 @@ pub struct Cluster {
     pub routed: AtomicU64,
     /// REST calls waiting for their registry change (`Broker::create_stream` and the rest).
     pub registry: RegistryWaits,
+    /// The last stream sequence the replicator applied.
+    pub applied_seq: AtomicU64,
+    /// `(stream sequence, offset of its first record)` of the last messages applied, oldest
+    /// first (bounded): where a record JetStream acknowledged landed in the local log.
+    pub applied: std::sync::Mutex<std::collections::VecDeque<(u64, u64)>>,
+    /// QoS 0 records dropped because the cluster's log was behind (pacing).
+    pub qos0_dropped: AtomicU64,
 }
 
 impl Cluster {
@@ -49,7 +56,10 @@ impl Cluster {
             max_age: Duration::ZERO,
             max_bytes: 0,
             publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
-            queue_records: 16_384,
+            queue_records: cfg.queue_records,
+            batch_records_max: cfg.batch_records_max,
+            batch_bytes_max: cfg.batch_bytes_max,
+            publish_window: cfg.publish_window,
             auth: lanemq_cluster::LinkAuth {
                 user: cfg.user.clone().zip(cfg.password.clone()),
                 token: cfg.token.clone(),
@@ -84,6 +94,9 @@ impl Cluster {
             installs_rx: std::sync::Mutex::new(Some(rx)),
             routed: AtomicU64::new(0),
             registry: RegistryWaits::default(),
+            applied_seq: AtomicU64::new(0),
+            applied: Default::default(),
+            qos0_dropped: AtomicU64::new(0),
         })
     }
 }

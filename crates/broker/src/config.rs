@@ -52,6 +52,16 @@ pub struct ClusterConfig {
     pub publish_timeout_ms: u64,
     /// How long the start waits for the NATS servers and the stream.
     pub connect_timeout_ms: u64,
+    /// Records accepted by this node and not yet sent to JetStream, at most: beyond it a QoS
+    /// 1/2 publisher waits, a QoS 0 message is dropped and counted.
+    pub queue_records: usize,
+    /// Records in one batch frame (one JetStream message), at most.
+    pub batch_records_max: usize,
+    /// Bytes of records in one batch frame, at most (keep it below the NATS servers'
+    /// `max_payload`, 1 MiB by default).
+    pub batch_bytes_max: usize,
+    /// Batch frames sent to JetStream and not yet acknowledged, at most.
+    pub publish_window: usize,
     /// NATS authentication: a user and password, a token, or a credentials file
     /// (`.creds`: JWT and NKey seed); at most one of the three.
     pub user: Option<String>,
@@ -77,6 +87,10 @@ impl Default for ClusterConfig {
             replicas: 3,
             publish_timeout_ms: 30_000,
             connect_timeout_ms: 30_000,
+            queue_records: 16_384,
+            batch_records_max: 1024,
+            batch_bytes_max: 256 * 1024,
+            publish_window: 8,
             user: None,
             password: None,
             token: None,
@@ -632,6 +646,31 @@ impl Config {
             }
             if !(1..=5).contains(&c.replicas) {
                 errors.push(format!("cluster.replicas: {} is not 1 to 5", c.replicas));
+            }
+            if !(1..=1_048_576).contains(&c.queue_records) {
+                errors.push(format!(
+                    "cluster.queue_records: {} is not 1 to 1048576",
+                    c.queue_records
+                ));
+            }
+            if !(1..=lanemq_cluster::BATCH_RECORDS_MAX).contains(&c.batch_records_max) {
+                errors.push(format!(
+                    "cluster.batch_records_max: {} is not 1 to {}",
+                    c.batch_records_max,
+                    lanemq_cluster::BATCH_RECORDS_MAX
+                ));
+            }
+            if !(1024..=64 * 1024 * 1024).contains(&c.batch_bytes_max) {
+                errors.push(format!(
+                    "cluster.batch_bytes_max: {} is not 1024 to 67108864",
+                    c.batch_bytes_max
+                ));
+            }
+            if !(1..=1024).contains(&c.publish_window) {
+                errors.push(format!(
+                    "cluster.publish_window: {} is not 1 to 1024",
+                    c.publish_window
+                ));
             }
             if c.publish_timeout_ms == 0 {
                 errors.push("cluster.publish_timeout_ms: must be above 0".to_string());

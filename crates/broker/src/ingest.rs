@@ -107,6 +107,25 @@ impl Broker {
         Ok(Admitted::Stored(offset))
     }
 
+    /// Cluster mode's replicator: append a record of the cluster's log (already classified)
+    /// with an extra index hint; returns its offset.
+    pub(crate) fn append_replica(
+        &self,
+        msg: &mut Message,
+        lane: Option<(u32, String)>,
+        inbound_pid: Option<u16>,
+        hint: Option<lanemq_store::IndexHint>,
+        on_durable: Option<Callback>,
+    ) -> Result<u64, StoreError> {
+        msg.in_lane = lane.is_some();
+        let mut rec = crate::persist::record_in(msg, inbound_pid);
+        rec.index_hints.extend(hint);
+        match lane {
+            Some((parent, key)) => self.append_lane(rec, on_durable, parent, &key),
+            None => self.append_plain(rec, on_durable),
+        }
+    }
+
     /// Append the records of plain messages nobody waits for (QoS 0, not retained, in no
     /// lane: [`Broker::classify`] said so) under one lock of the log, and set their offsets.
     /// They are delivered with [`Broker::deliver_quiet`].

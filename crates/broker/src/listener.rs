@@ -90,15 +90,29 @@ impl Server {
                 .state()
                 .await
                 .map_err(|e| anyhow_lite::Error(format!("cluster: {e}")))?;
+            // The newest offset mark (JetStream may still be electing the stream's leader).
+            let deadline = tokio::time::Instant::now()
+                + std::time::Duration::from_millis(config.cluster.connect_timeout_ms);
+            let mark = loop {
+                match c.link.last_mark().await {
+                    Ok(m) => break m,
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        tracing::debug!(error = %e, "cluster: offset mark not read yet; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                    }
+                    Err(e) => return Err(anyhow_lite::Error(format!("cluster: {e}"))),
+                }
+            };
             info!(node = %config.cluster.node_id, stream = %config.cluster.stream,
                 first_seq = state.first_seq, last_seq = state.last_seq, "cluster: joined");
-            Some((c, state))
+            Some((c, state, crate::cluster::join_point(state, mark)))
         } else {
             None
         };
         let base = cluster
             .as_ref()
-            .map_or(0, |(_, s)| crate::cluster::base_offset(*s));
+            .and_then(|(_, _, join)| join.as_ref().ok())
+            .map_or(0, |p| p.offset);
         let data_dir = config.server.data_dir.clone();
         let storage = config.storage.clone();
         let persist = tokio::task::spawn_blocking(move || {
@@ -117,10 +131,18 @@ impl Server {
         })
         .await
         .map_err(|e| anyhow_lite::Error(e.to_string()))??;
-        if let Some((_, state)) = &cluster {
-            if let Err(why) = crate::cluster::check_alignment(persist.store.next_offset(), *state) {
-                persist.close();
-                return Err(anyhow_lite::Error(format!("cluster: {why}")));
+        let mut cluster_start = None;
+        if let Some((_, state, join)) = &cluster {
+            let start = crate::cluster::resume_point(&persist.store).and_then(|p| match p {
+                Some(p) => crate::cluster::check_alignment(p, *state).map(|()| p),
+                None => join.clone(),
+            });
+            match start {
+                Ok(p) => cluster_start = Some(p),
+                Err(why) => {
+                    persist.close();
+                    return Err(anyhow_lite::Error(format!("cluster: {why}")));
+                }
             }
         }
         let streams = {
@@ -176,7 +198,7 @@ impl Server {
         }
         let lite = Arc::new(crate::lite::Lite::new(lite, &config.lite));
         let broker = Broker::new(config, persist, auth, streams, lite);
-        if let Some((c, _)) = cluster {
+        if let Some((c, _, _)) = cluster {
             let _ = broker.cluster.set(c);
         }
         let weak: std::sync::Weak<Broker> = Arc::downgrade(&broker);
@@ -208,7 +230,9 @@ impl Server {
         );
         crate::connection::start_restored_timers(&broker, restored);
         if broker.clustered() {
-            crate::cluster::spawn_replicator(broker.clone());
+            if let Some(start) = cluster_start {
+                crate::cluster::spawn_replicator(broker.clone(), start);
+            }
             crate::cluster_sessions::spawn_takeover_server(broker.clone());
             crate::cluster_sessions::spawn_sync(broker.clone());
             crate::cluster::spawn_lane_watch(broker.clone());

@@ -7,12 +7,20 @@
 //!   configured replicas, file storage, limits retention; its subjects are
 //!   `<subject_prefix>.<escaped topic>` ([`subject_for`]);
 //! - publishing records in the order they are handed over ([`Link::publish`]): one sender
-//!   task takes them from a channel, so the stream holds one node's records in the order that
-//!   node accepted them. A record someone waits for (QoS 1/2, retained, lanes, wills) is
-//!   published with a `Nats-Msg-Id` and its callback fires with the stream sequence once
-//!   JetStream acknowledged it with the stream's replication; an ack that times out is
-//!   retried with the same id (JetStream's duplicate window drops a second copy) until
-//!   `publish_timeout`. A record nobody waits for (QoS 0) is published without an ack;
+//!   task takes them from a bounded channel and packs them into **batch frames**
+//!   ([`encode_batch`]: many records in one JetStream message, at most
+//!   `batch_records_max` records and `batch_bytes_max` bytes), so the stream holds one node's
+//!   records in the order that node accepted them. A batch closes when the channel holds
+//!   nothing more (the records that arrive while earlier batches wait for their acks make the
+//!   next one: the window is the group commit). Up to `publish_window` batches are
+//!   published before their acks come back (pipelined); each carries a `Nats-Msg-Id`, and an
+//!   ack that times out is retried with the same id (JetStream's duplicate window keeps one
+//!   copy) until `publish_timeout`. The callbacks of the records fire **in the order the
+//!   records were handed over**, with the batch's stream sequence and the record's index in
+//!   it ([`Ack`]);
+//! - records that must be their own message under their topic's subject
+//!   ([`Link::publish_alone`]: records a node reads again by subject) and offset marks
+//!   ([`Link::mark`]);
 //! - reading the stream in order from a sequence ([`Link::feed`]), with an ordered consumer
 //!   that the client recreates on a gap.
 //!
@@ -20,7 +28,10 @@
 //! broker puts one encoded log record in each message (`crates/broker/src/cluster.rs`).
 //!
 //! Invariants: the stream's sequences are dense (nothing is deleted but from its head by its
-//! limits), so sequence `s` is log offset `s - 1` on every node.
+//! limits), and every node reads the same messages in the same order, so a reader that
+//! numbers the records of the messages one after the other gives every record the same
+//! number (log offset) on every node. A batch frame is never split: it is stored, retried and
+//! read as one message.
 
 use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
 use bytes::Bytes;
@@ -86,6 +97,12 @@ pub struct LinkOptions {
     pub publish_timeout: Duration,
     /// Records handed over but not yet sent, at most (the publisher waits beyond).
     pub queue_records: usize,
+    /// Records in one batch frame, at most.
+    pub batch_records_max: usize,
+    /// Bytes of records in one batch frame, at most (a record larger than this travels alone).
+    pub batch_bytes_max: usize,
+    /// Batches published and not yet acknowledged, at most.
+    pub publish_window: usize,
     /// Authentication and TLS towards the NATS servers.
     pub auth: LinkAuth,
 }
@@ -121,15 +138,119 @@ impl std::fmt::Debug for LinkAuth {
     }
 }
 
-/// What happens once JetStream has a record: `Ok(stream sequence)` or why not.
-pub type Done = Box<dyn FnOnce(Result<u64, ClusterError>) + Send>;
+/// Where JetStream stored a record: the stream message (its sequence) and the record's place
+/// in that message's batch (0 for a record published alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    /// Stream sequence of the message that holds the record.
+    pub seq: u64,
+    /// The record's index in the message's batch.
+    pub index: u32,
+}
+
+/// What happens once JetStream has a record: where it is, or why it is not.
+pub type Done = Box<dyn FnOnce(Result<Ack, ClusterError>) + Send>;
 
 /// One record to publish.
 struct Out {
-    subject: String,
+    /// `Some`: published alone under this subject; `None`: in a batch frame.
+    alone: Option<String>,
     payload: Bytes,
-    /// `None`: nobody waits (published without an ack).
+    /// `None`: nobody waits (the batch is acknowledged all the same: that paces the sender).
     done: Option<Done>,
+}
+
+/// Most records one batch frame may hold (`batch_records_max` is at most this).
+pub const BATCH_RECORDS_MAX: usize = 4096;
+
+/// First bytes of a batch frame: `\0LMQB` and the frame version (1). A lanemq log record
+/// starts with its magic byte 0xA1 and a control record with `\0LANEMQ-CTL\0`, so a frame is
+/// never taken for either.
+pub const BATCH_MAGIC: &[u8] = b"\0LMQB\x01";
+/// First bytes of an offset mark ([`Link::mark`]).
+pub const MARK_MAGIC: &[u8] = b"\0LMQM\x01";
+
+/// Encode records as one batch frame:
+///
+/// ```text
+/// magic "\0LMQB" 0x01 | count u32 BE | count x (len u32 BE | record bytes)
+/// ```
+pub fn encode_batch<B: AsRef<[u8]>>(records: &[B]) -> Bytes {
+    let total: usize = records.iter().map(|r| 4 + r.as_ref().len()).sum();
+    let mut b = Vec::with_capacity(BATCH_MAGIC.len() + 4 + total);
+    b.extend_from_slice(BATCH_MAGIC);
+    b.extend_from_slice(&(records.len() as u32).to_be_bytes());
+    for r in records {
+        let r = r.as_ref();
+        b.extend_from_slice(&(r.len() as u32).to_be_bytes());
+        b.extend_from_slice(r);
+    }
+    Bytes::from(b)
+}
+
+/// What one message of the log stream holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Records, in order (one for a message published alone or by an older lanemq).
+    Records(Vec<Bytes>),
+    /// An offset mark: the message at stream sequence `seq` starts at log offset `offset`.
+    Mark {
+        /// Stream sequence.
+        seq: u64,
+        /// Log offset of that message's first record.
+        offset: u64,
+    },
+}
+
+/// Split a message of the log stream into its records (zero-copy slices of `payload`).
+/// `Err` for a batch frame whose lengths do not add up.
+pub fn frame_of(payload: Bytes) -> Result<Frame, String> {
+    if let Some(rest) = payload.strip_prefix(MARK_MAGIC) {
+        if rest.len() != 16 {
+            return Err(format!("an offset mark of {} bytes", payload.len()));
+        }
+        let seq = u64::from_be_bytes(rest[..8].try_into().map_err(|_| "mark")?);
+        let offset = u64::from_be_bytes(rest[8..].try_into().map_err(|_| "mark")?);
+        return Ok(Frame::Mark { seq, offset });
+    }
+    if !payload.starts_with(BATCH_MAGIC) {
+        return Ok(Frame::Records(vec![payload]));
+    }
+    let mut pos = BATCH_MAGIC.len();
+    let u32_at = |pos: usize| -> Result<usize, String> {
+        payload
+            .get(pos..pos + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(|b: [u8; 4]| u32::from_be_bytes(b) as usize)
+            .ok_or_else(|| format!("a batch frame cut at byte {pos} of {}", payload.len()))
+    };
+    let count = u32_at(pos)?;
+    pos += 4;
+    if count > payload.len() / 4 {
+        return Err(format!(
+            "a batch frame of {} bytes says {count} records",
+            payload.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = u32_at(pos)?;
+        pos += 4;
+        if payload.len() - pos < len {
+            return Err(format!(
+                "a batch frame's record of {len} bytes runs past its end"
+            ));
+        }
+        out.push(payload.slice(pos..pos + len));
+        pos += len;
+    }
+    if pos != payload.len() {
+        return Err(format!(
+            "{} bytes after a batch frame's records",
+            payload.len() - pos
+        ));
+    }
+    Ok(Frame::Records(out))
 }
 
 /// A record of the stream, in order.
@@ -159,6 +280,8 @@ pub struct Link {
     js: jetstream::Context,
     opts: LinkOptions,
     tx: mpsc::Sender<Out>,
+    /// The highest stream sequence JetStream acknowledged to this node.
+    acked: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Link {
@@ -322,6 +445,7 @@ impl Link {
             js,
             opts,
             tx,
+            acked: Default::default(),
         };
         let deadline = tokio::time::Instant::now() + connect_timeout;
         loop {
@@ -413,25 +537,16 @@ impl Link {
         })
     }
 
-    fn out(&self, topic: &str, payload: Bytes, done: Option<Done>) -> Out {
-        Out {
-            subject: subject_for(&self.opts.subject_prefix, topic),
+    /// Hand a record over for publishing in a batch frame. Records are published in the
+    /// order of the calls. `done` (if any) fires once JetStream acknowledged the batch that
+    /// holds it (in the order of the calls), or with the error that kept it from being stored.
+    /// Waits only while `queue_records` records are queued.
+    pub async fn publish(&self, payload: Bytes, done: Option<Done>) -> Result<(), ClusterError> {
+        let out = Out {
+            alone: None,
             payload,
             done,
-        }
-    }
-
-    /// Hand a record over for publishing under the subject of `topic`. Records are published
-    /// in the order of the calls. `done` (if any) fires with the stream sequence once
-    /// JetStream acknowledged it, or with the error that kept it from being stored. Waits
-    /// only while `queue_records` records are queued.
-    pub async fn publish(
-        &self,
-        topic: &str,
-        payload: Bytes,
-        done: Option<Done>,
-    ) -> Result<(), ClusterError> {
-        let out = self.out(topic, payload, done);
+        };
         self.tx.send(out).await.map_err(|_| ClusterError::Closed)
     }
 
@@ -439,11 +554,14 @@ impl Link {
     /// (or the link closed).
     pub fn try_publish(
         &self,
-        topic: &str,
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), (Bytes, Option<Done>)> {
-        let out = self.out(topic, payload, done);
+        let out = Out {
+            alone: None,
+            payload,
+            done,
+        };
         self.tx.try_send(out).map_err(|e| {
             let out = match e {
                 mpsc::error::TrySendError::Full(o) | mpsc::error::TrySendError::Closed(o) => o,
@@ -453,14 +571,94 @@ impl Link {
     }
 
     /// [`Link::publish`] from a thread outside the runtime (blocks while the queue is full).
-    pub fn publish_blocking(
+    pub fn publish_blocking(&self, payload: Bytes, done: Option<Done>) -> Result<(), ClusterError> {
+        let out = Out {
+            alone: None,
+            payload,
+            done,
+        };
+        self.tx.blocking_send(out).map_err(|_| ClusterError::Closed)
+    }
+
+    /// Hand a record over for publishing as its own message under the subject of `topic`
+    /// (so [`Link::read_subject`] finds it), in order with the batched ones.
+    pub async fn publish_alone(
         &self,
         topic: &str,
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), ClusterError> {
-        let out = self.out(topic, payload, done);
+        let out = Out {
+            alone: Some(subject_for(&self.opts.subject_prefix, topic)),
+            payload,
+            done,
+        };
+        self.tx.send(out).await.map_err(|_| ClusterError::Closed)
+    }
+
+    /// [`Link::publish_alone`] from a thread outside the runtime.
+    pub fn publish_alone_blocking(
+        &self,
+        topic: &str,
+        payload: Bytes,
+        done: Option<Done>,
+    ) -> Result<(), ClusterError> {
+        let out = Out {
+            alone: Some(subject_for(&self.opts.subject_prefix, topic)),
+            payload,
+            done,
+        };
         self.tx.blocking_send(out).map_err(|_| ClusterError::Closed)
+    }
+
+    /// Records handed over and not yet taken by the sender.
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    /// The highest stream sequence JetStream acknowledged to this node so far.
+    pub fn acked_seq(&self) -> u64 {
+        self.acked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The subject of offset marks.
+    fn mark_subject(&self) -> String {
+        subject_for(&self.opts.subject_prefix, "$lanemq/mark")
+    }
+
+    /// Write an offset mark: the message at stream sequence `seq` starts at log offset
+    /// `offset` (what a node with an empty log needs to join a stream whose head its limits
+    /// removed). In order with the records handed over.
+    pub async fn mark(&self, seq: u64, offset: u64) -> Result<(), ClusterError> {
+        let mut b = MARK_MAGIC.to_vec();
+        b.extend_from_slice(&seq.to_be_bytes());
+        b.extend_from_slice(&offset.to_be_bytes());
+        let out = Out {
+            alone: Some(self.mark_subject()),
+            payload: Bytes::from(b),
+            done: None,
+        };
+        self.tx.send(out).await.map_err(|_| ClusterError::Closed)
+    }
+
+    /// The newest offset mark in the stream, if any: `(seq, offset)`.
+    pub async fn last_mark(&self) -> Result<Option<(u64, u64)>, ClusterError> {
+        let s = self
+            .js
+            .get_stream(&self.opts.stream)
+            .await
+            .map_err(|e| ClusterError::Feed(e.to_string()))?;
+        match s
+            .get_last_raw_message_by_subject(&self.mark_subject())
+            .await
+        {
+            Ok(m) => match frame_of(m.payload) {
+                Ok(Frame::Mark { seq, offset }) => Ok(Some((seq, offset))),
+                _ => Ok(None),
+            },
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(ClusterError::Feed(e.to_string())),
+        }
     }
 
     /// Read the stream in order from sequence `from` (at least 1).
@@ -787,9 +985,20 @@ impl Feed {
     }
 }
 
-/// Publishes the records handed over, in order: each send is written to the connection
-/// before the next one is taken; the acks are awaited on their own tasks.
+/// One published message (a batch frame or a record alone) waiting for its ack: the
+/// callbacks of its records with their indexes, and the outcome.
+type Inflight = std::pin::Pin<
+    Box<dyn std::future::Future<Output = (Vec<(u32, Done)>, Result<u64, ClusterError>)> + Send>,
+>;
+
+/// Publishes the records handed over, in order, packed into batch frames: a batch takes what
+/// the channel holds (up to its limits) when the window has room, so the records that arrive
+/// while earlier batches wait for their acks make the next batch. At most `publish_window`
+/// messages wait for their acks; the callbacks fire in the order of the messages (a message
+/// acknowledged early waits for the ones before it), so records are acknowledged in the order
+/// they were handed over.
 async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
+    use futures_util::stream::FuturesOrdered;
     let id_prefix = format!(
         "{}-{}",
         link.opts.node_id,
@@ -797,33 +1006,86 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros())
     );
+    let window = link.opts.publish_window.max(1);
+    let records_max = link.opts.batch_records_max.clamp(1, BATCH_RECORDS_MAX);
+    let bytes_max = link.opts.batch_bytes_max.max(1);
+    let batch_subject = subject_for(&link.opts.subject_prefix, "$lanemq/batch");
     let mut counter: u64 = 0;
-    while let Some(out) = rx.recv().await {
-        let Some(done) = out.done else {
-            if let Err(e) = link.client.publish(out.subject, out.payload).await {
-                warn!(error = %e, "cluster: a QoS 0 record was not sent");
+    let mut inflight: FuturesOrdered<Inflight> = FuturesOrdered::new();
+    // A record taken from the channel that starts the next message.
+    let mut carry: Option<Out> = None;
+    let mut closed = false;
+    loop {
+        if carry.is_none() && !closed && inflight.len() < window {
+            tokio::select! {
+                biased;
+                Some((dones, r)) = inflight.next(), if !inflight.is_empty() => {
+                    finish(&link, dones, r);
+                    continue;
+                }
+                o = rx.recv() => match o {
+                    Some(o) => carry = Some(o),
+                    None => closed = true,
+                },
             }
-            continue;
-        };
+        }
+        if carry.is_none() || inflight.len() >= window {
+            match inflight.next().await {
+                Some((dones, r)) => {
+                    finish(&link, dones, r);
+                    continue;
+                }
+                None if closed => return,
+                None => continue,
+            }
+        }
+        let Some(first) = carry.take() else { continue };
         counter += 1;
         let id = format!("{id_prefix}-{counter}");
+        let (subject, payload, dones) = match first.alone {
+            Some(subject) => {
+                let dones: Vec<(u32, Done)> = first.done.map(|d| (0, d)).into_iter().collect();
+                (subject, first.payload, dones)
+            }
+            None => {
+                let mut bytes = first.payload.len();
+                let mut records = vec![first.payload];
+                let mut dones: Vec<(u32, Done)> = Vec::new();
+                if let Some(d) = first.done {
+                    dones.push((0, d));
+                }
+                while records.len() < records_max && bytes < bytes_max {
+                    let Ok(o) = rx.try_recv() else { break };
+                    if o.alone.is_some() || bytes + o.payload.len() > bytes_max {
+                        carry = Some(o);
+                        break;
+                    }
+                    bytes += o.payload.len();
+                    if let Some(d) = o.done {
+                        dones.push((records.len() as u32, d));
+                    }
+                    records.push(o.payload);
+                }
+                (batch_subject.clone(), encode_batch(&records), dones)
+            }
+        };
         let first = link
             .js
             .send_publish(
-                out.subject.clone(),
+                subject.clone(),
                 PublishMessage::build()
-                    .payload(out.payload.clone())
+                    .payload(payload.clone())
                     .message_id(&id),
             )
             .await;
         let retry = Retry {
             js: link.js.clone(),
-            subject: out.subject,
-            payload: out.payload,
+            subject,
+            payload,
             id,
             deadline: tokio::time::Instant::now() + link.opts.publish_timeout,
         };
-        tokio::spawn(async move {
+        inflight.push_back(Box::pin(async move {
             let r = match first {
                 Ok(ack) => match ack.await {
                     Ok(a) => Ok(a.sequence),
@@ -831,12 +1093,31 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
                 },
                 Err(e) => retry.run(e.to_string()).await,
             };
-            done(r);
-        });
+            (dones, r)
+        }));
     }
 }
 
-/// A record whose first publish was not acknowledged: published again with the same message
+/// A message's outcome to the callbacks of its records.
+fn finish(link: &Link, dones: Vec<(u32, Done)>, r: Result<u64, ClusterError>) {
+    match r {
+        Ok(seq) => {
+            link.acked
+                .fetch_max(seq, std::sync::atomic::Ordering::Relaxed);
+            for (index, done) in dones {
+                done(Ok(Ack { seq, index }));
+            }
+        }
+        Err(e) => {
+            warn!(error = %e, "cluster: JetStream did not store a batch of records");
+            for (_, done) in dones {
+                done(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// A message whose first publish was not acknowledged: published again with the same message
 /// id until its deadline.
 struct Retry {
     js: jetstream::Context,
@@ -902,5 +1183,35 @@ mod tests {
         }
         assert_eq!(subject_for("p", "a/b.c"), "p.a.b%2Ec");
         assert_eq!(topic_of("p", "q.a"), None);
+    }
+
+    #[test]
+    fn batch_frames_round_trip_and_refuse_bad_lengths() {
+        let recs = [b"\xA1one".to_vec(), Vec::new(), vec![7u8; 300]];
+        let f = encode_batch(&recs);
+        let Ok(Frame::Records(got)) = frame_of(f.clone()) else {
+            panic!("not a batch")
+        };
+        assert_eq!(got.len(), 3);
+        for (g, r) in got.iter().zip(&recs) {
+            assert_eq!(&g[..], &r[..]);
+        }
+        // A plain record is one record; a cut or padded frame is an error.
+        let plain = Bytes::from_static(b"\xA1plain");
+        assert_eq!(frame_of(plain.clone()), Ok(Frame::Records(vec![plain])));
+        assert!(frame_of(f.slice(..f.len() - 1)).is_err());
+        let mut padded = f.to_vec();
+        padded.push(0);
+        assert!(frame_of(Bytes::from(padded)).is_err());
+        let mut huge = BATCH_MAGIC.to_vec();
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(frame_of(Bytes::from(huge)).is_err());
+        let mut mark = MARK_MAGIC.to_vec();
+        mark.extend_from_slice(&5u64.to_be_bytes());
+        mark.extend_from_slice(&40u64.to_be_bytes());
+        assert_eq!(
+            frame_of(Bytes::from(mark)),
+            Ok(Frame::Mark { seq: 5, offset: 40 })
+        );
     }
 }
