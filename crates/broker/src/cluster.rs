@@ -527,8 +527,8 @@ async fn replay_lane_membership(broker: &Broker, link: &lanemq_cluster::Link, up
 }
 
 /// Apply one message of the stream: its records appended to the local log at their offsets
-/// (the first one carries [`HINT_CLUSTER_SEQ`]), in one pass, with one completion callback
-/// for the last record.
+/// (the first one carries [`HINT_CLUSTER_SEQ`]), runs of plain records under one lock of the
+/// log, with one completion callback for the message's last record.
 fn apply(broker: &Arc<Broker>, r: &mut Replica, e: lanemq_cluster::Entry) -> Result<(), String> {
     if e.seq < r.pos.seq {
         return Ok(()); // already here (the feed was restarted)
@@ -556,26 +556,32 @@ fn apply(broker: &Arc<Broker>, r: &mut Replica, e: lanemq_cluster::Entry) -> Res
     let base = r.pos.offset;
     let count = records.len();
     let cluster = broker.cluster.get().ok_or("not in cluster mode")?;
-    for (i, payload) in records.into_iter().enumerate() {
+    let expected = store.next_offset();
+    if base > expected {
+        return Err(format!(
+            "the local log is at offset {expected} but the cluster's message {} starts at {base}",
+            e.seq
+        ));
+    }
+    // Records this log holds already (a restart cut the message) are skipped.
+    let skip = usize::try_from(expected - base)
+        .unwrap_or(usize::MAX)
+        .min(count);
+    let mut run = Run::default();
+    for (i, payload) in records.into_iter().enumerate().skip(skip) {
         let offset = base + i as u64;
-        let expected = store.next_offset();
-        if offset < expected {
-            continue; // a message this log holds in part (a restart cut it)
-        }
-        if offset > expected {
-            return Err(format!(
-                "the local log is at offset {expected} but the cluster's record is at {offset}"
-            ));
-        }
         let hint = (i == 0).then_some(lanemq_store::IndexHint {
             kind: HINT_CLUSTER_SEQ,
             id: e.seq,
             seq: count as u64,
         });
         let last = i + 1 == count;
-        apply_record(broker, r, payload, offset, hint, last)?;
-        cluster.replicated.fetch_add(1, Ordering::Relaxed);
+        apply_record(broker, r, &mut run, payload, offset, hint, last)?;
     }
+    run.flush(broker, r)?;
+    cluster
+        .replicated
+        .fetch_add((count - skip) as u64, Ordering::Relaxed);
     r.pos = Position {
         seq: e.seq + 1,
         offset: base + count as u64,
@@ -592,10 +598,74 @@ fn apply(broker: &Arc<Broker>, r: &mut Replica, e: lanemq_cluster::Entry) -> Res
 /// Messages of the stream whose first offset is kept for [`Broker::cluster_offset`].
 const APPLIED_KEPT: usize = 4096;
 
-/// Append one record of a message at `offset` (the local log's next one).
+/// Plain records of a message waiting to be appended together.
+#[derive(Default)]
+struct Run {
+    /// Offset of the first record.
+    first: u64,
+    recs: Vec<RecordIn>,
+    /// The messages, and whether each is delivered at once (a QoS 0 record with nothing
+    /// waiting before it).
+    msgs: Vec<(Message, bool)>,
+    /// The completion callback of the message's last record, when it is in the run.
+    cb: Option<Callback>,
+}
+
+impl Run {
+    /// Append the run under one lock of the log, then deliver what goes at once and queue
+    /// the rest until it is durable.
+    fn flush(&mut self, broker: &Arc<Broker>, r: &mut Replica) -> Result<(), String> {
+        if self.recs.is_empty() {
+            return Ok(());
+        }
+        let store = &broker.persist.store;
+        let mut cb = self.cb.take();
+        let range = match store
+            .try_append_records(&self.recs, &mut cb)
+            .map_err(|e| format!("local log: {e}"))?
+        {
+            Some(range) => range,
+            None => {
+                let s = store.clone();
+                let recs = &self.recs;
+                tokio::task::block_in_place(move || s.append_records(recs, cb))
+                    .map_err(|e| format!("local log: {e}"))?
+            }
+        };
+        if range.start != self.first {
+            return Err(format!(
+                "the local log appended at offset {} but the cluster's record is at {}",
+                range.start, self.first
+            ));
+        }
+        self.recs.clear();
+        let mut delivered = false;
+        for (mut msg, now) in self.msgs.drain(..) {
+            msg.offset = self.first;
+            self.first += 1;
+            let msg = Arc::new(msg);
+            if now {
+                broker.deliver(msg);
+                delivered = true;
+            } else {
+                r.pending.push_back(msg);
+            }
+        }
+        if delivered {
+            broker.committed();
+        }
+        Ok(())
+    }
+}
+
+/// Apply one record of a message at `offset` (the local log's next one once `run` is
+/// appended): a plain record joins the run; a lane record or a control record is appended
+/// on its own after it.
+#[allow(clippy::too_many_arguments)]
 fn apply_record(
     broker: &Arc<Broker>,
     r: &mut Replica,
+    run: &mut Run,
     payload: Bytes,
     offset: u64,
     hint: Option<lanemq_store::IndexHint>,
@@ -612,6 +682,7 @@ fn apply_record(
             (Message::from_record(&rec), pid)
         }
         Err(why) => {
+            run.flush(broker, r)?;
             let control = payload.starts_with(CTL_MAGIC);
             if !control {
                 warn!(offset, why, "cluster: a message on the log's subjects is not a lanemq record; stored as {VOID_TOPIC}");
@@ -647,13 +718,27 @@ fn apply_record(
     let lane = broker.classify(&msg.topic).unwrap_or(None);
     let quiet = msg.qos == lanemq_protocol::QoS::AtMostOnce && !msg.retain && lane.is_none();
     // A QoS 0 record with nothing waiting before it is delivered at once.
-    let now = quiet && r.pending.is_empty();
-    let cb: Option<Callback> = (last && !now).then(|| completion(&r.done, offset));
-    if r.pending.is_empty() && !now {
+    let waiting = !r.pending.is_empty() || run.msgs.iter().any(|(_, now)| !now);
+    let now = quiet && !waiting;
+    if !waiting && !now {
         r.low.store(offset, Ordering::SeqCst);
     }
+    let cb: Option<Callback> = (last && !now).then(|| completion(&r.done, offset));
     // Lane times are the log's time: the same decisions (TTL) at the same offset everywhere.
     broker.lite.engine.advance_clock(msg.timestamp_us);
+    if lane.is_none() {
+        msg.in_lane = false;
+        let mut rec = crate::persist::record_in(&msg, pid);
+        rec.index_hints.extend(hint);
+        if run.recs.is_empty() {
+            run.first = offset;
+        }
+        run.recs.push(rec);
+        run.msgs.push((msg, now));
+        run.cb = cb;
+        return Ok(());
+    }
+    run.flush(broker, r)?;
     let got = broker
         .append_replica(&mut msg, lane, pid, hint, cb)
         .map_err(|e| format!("local log: {e}"))?;
@@ -663,13 +748,7 @@ fn apply_record(
         ));
     }
     msg.offset = got;
-    let msg = Arc::new(msg);
-    if now {
-        broker.deliver(msg);
-        broker.committed();
-    } else {
-        r.pending.push_back(msg);
-    }
+    r.pending.push_back(Arc::new(msg));
     Ok(())
 }
 

@@ -60,6 +60,7 @@ impl Cluster {
             batch_records_max: cfg.batch_records_max,
             batch_bytes_max: cfg.batch_bytes_max,
             publish_window: cfg.publish_window,
+            compress: cfg.compression == "zstd",
             auth: lanemq_cluster::LinkAuth {
                 user: cfg.user.clone().zip(cfg.password.clone()),
                 token: cfg.token.clone(),

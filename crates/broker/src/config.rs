@@ -62,6 +62,8 @@ pub struct ClusterConfig {
     pub batch_bytes_max: usize,
     /// Batch frames sent to JetStream and not yet acknowledged, at most.
     pub publish_window: usize,
+    /// Compression of batch frames: `zstd` or `none`.
+    pub compression: String,
     /// NATS authentication: a user and password, a token, or a credentials file
     /// (`.creds`: JWT and NKey seed); at most one of the three.
     pub user: Option<String>,
@@ -91,6 +93,7 @@ impl Default for ClusterConfig {
             batch_records_max: 1024,
             batch_bytes_max: 256 * 1024,
             publish_window: 8,
+            compression: "zstd".into(),
             user: None,
             password: None,
             token: None,
@@ -664,6 +667,12 @@ impl Config {
                 errors.push(format!(
                     "cluster.batch_bytes_max: {} is not 1024 to 67108864",
                     c.batch_bytes_max
+                ));
+            }
+            if !matches!(c.compression.as_str(), "zstd" | "none") {
+                errors.push(format!(
+                    "cluster.compression: {:?} is not \"zstd\" or \"none\"",
+                    c.compression
                 ));
             }
             if !(1..=1024).contains(&c.publish_window) {

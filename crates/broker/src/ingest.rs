@@ -500,10 +500,13 @@ impl Broker {
         let in_lane = m.in_lane;
         let mut offset = m.offset;
         match rx.recv_timeout(std::time::Duration::from_secs(10)) {
-            // Cluster mode: the offset is known once the cluster's log stored it.
+            // Cluster mode: the callback says where JetStream stored it; the offset is known
+            // once this node's replicator applied it.
             Ok(Ok(o)) => {
                 if offset == NOT_STORED {
-                    offset = o;
+                    offset = self
+                        .cluster_offset(o, std::time::Duration::from_secs(10))
+                        .unwrap_or(NOT_STORED);
                 }
             }
             Ok(Err(e)) => {

@@ -103,6 +103,8 @@ pub struct LinkOptions {
     pub batch_bytes_max: usize,
     /// Batches published and not yet acknowledged, at most.
     pub publish_window: usize,
+    /// Compress batch frames with zstd.
+    pub compress: bool,
     /// Authentication and TLS towards the NATS servers.
     pub auth: LinkAuth,
 }
@@ -170,11 +172,55 @@ pub const BATCH_MAGIC: &[u8] = b"\0LMQB\x01";
 /// First bytes of an offset mark ([`Link::mark`]).
 pub const MARK_MAGIC: &[u8] = b"\0LMQM\x01";
 
+/// First bytes of a batch frame whose body is compressed with zstd (frame version 2).
+pub const BATCH_ZSTD_MAGIC: &[u8] = b"\0LMQB\x02";
+
+/// A batch frame's body is compressed from this many bytes on (when compression is on).
+const COMPRESS_FROM_BYTES: usize = 512;
+
+/// zstd's level for batch frames: the fastest (the frames are small and alike; level 1
+/// already takes most of what there is to take).
+const ZSTD_LEVEL: i32 = 1;
+
+/// Most bytes a compressed frame may expand to (a frame larger than this is refused).
+const FRAME_BYTES_MAX: usize = 256 * 1024 * 1024;
+
 /// Encode records as one batch frame:
 ///
 /// ```text
-/// magic "\0LMQB" 0x01 | count u32 BE | count x (len u32 BE | record bytes)
+/// version 1: magic "\0LMQB" 0x01 | body
+/// version 2: magic "\0LMQB" 0x02 | body_len u32 BE | zstd(body)
+/// body:      count u32 BE | count x (len u32 BE | record bytes)
 /// ```
+///
+/// With `compress`, a body of [`COMPRESS_FROM_BYTES`] or more is compressed (version 2)
+/// when that makes it smaller.
+pub fn encode_frame<B: AsRef<[u8]>>(records: &[B], compress: bool) -> Bytes {
+    let plain = encode_batch(records);
+    let body = &plain[BATCH_MAGIC.len()..];
+    if !compress || body.len() < COMPRESS_FROM_BYTES {
+        return plain;
+    }
+    let z = COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = zstd::bulk::Compressor::new(ZSTD_LEVEL).ok();
+        }
+        c.as_mut().map(|c| c.compress(body))
+    });
+    match z.unwrap_or_else(|| zstd::bulk::compress(body, ZSTD_LEVEL)) {
+        Ok(z) if z.len() + 4 < body.len() => {
+            let mut b = Vec::with_capacity(BATCH_ZSTD_MAGIC.len() + 4 + z.len());
+            b.extend_from_slice(BATCH_ZSTD_MAGIC);
+            b.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            b.extend_from_slice(&z);
+            Bytes::from(b)
+        }
+        _ => plain,
+    }
+}
+
+/// Encode records as one uncompressed batch frame (version 1, [`encode_frame`]).
 pub fn encode_batch<B: AsRef<[u8]>>(records: &[B]) -> Bytes {
     let total: usize = records.iter().map(|r| 4 + r.as_ref().len()).sum();
     let mut b = Vec::with_capacity(BATCH_MAGIC.len() + 4 + total);
@@ -213,10 +259,55 @@ pub fn frame_of(payload: Bytes) -> Result<Frame, String> {
         let offset = u64::from_be_bytes(rest[8..].try_into().map_err(|_| "mark")?);
         return Ok(Frame::Mark { seq, offset });
     }
+    if let Some(rest) = payload.strip_prefix(BATCH_ZSTD_MAGIC) {
+        let len = rest
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(|b: [u8; 4]| u32::from_be_bytes(b) as usize)
+            .ok_or("a compressed batch frame without its length")?;
+        if len > FRAME_BYTES_MAX {
+            return Err(format!("a compressed batch frame of {len} bytes"));
+        }
+        let body = DECOMPRESSOR.with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(
+                    zstd::bulk::Decompressor::new()
+                        .map_err(|e| format!("cannot start zstd: {e}"))?,
+                );
+            }
+            match d.as_mut() {
+                Some(d) => d
+                    .decompress(&rest[4..], len)
+                    .map_err(|e| format!("a compressed batch frame does not decompress: {e}")),
+                None => Err("cannot start zstd".to_string()),
+            }
+        })?;
+        if body.len() != len {
+            return Err(format!(
+                "a compressed batch frame gave {} bytes, not {len}",
+                body.len()
+            ));
+        }
+        return records_of(Bytes::from(body), 0);
+    }
     if !payload.starts_with(BATCH_MAGIC) {
         return Ok(Frame::Records(vec![payload]));
     }
-    let mut pos = BATCH_MAGIC.len();
+    records_of(payload, BATCH_MAGIC.len())
+}
+
+thread_local! {
+    /// One zstd compression context per thread.
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+    /// One zstd decompression context per thread (making one costs more than a frame).
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The records of a frame body (`count | count x (len | bytes)`) that starts at `pos`.
+fn records_of(payload: Bytes, mut pos: usize) -> Result<Frame, String> {
     let u32_at = |pos: usize| -> Result<usize, String> {
         payload
             .get(pos..pos + 4)
@@ -1066,7 +1157,11 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
                     }
                     records.push(o.payload);
                 }
-                (batch_subject.clone(), encode_batch(&records), dones)
+                (
+                    batch_subject.clone(),
+                    encode_frame(&records, link.opts.compress),
+                    dones,
+                )
             }
         };
         let first = link
@@ -1206,6 +1301,19 @@ mod tests {
         let mut huge = BATCH_MAGIC.to_vec();
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
         assert!(frame_of(Bytes::from(huge)).is_err());
+        // A compressed frame holds the same records; a damaged one is an error.
+        let many: Vec<Vec<u8>> = (0..200)
+            .map(|i| format!("\u{a1}record {i} of a batch").into_bytes())
+            .collect();
+        let z = encode_frame(&many, true);
+        assert!(z.starts_with(BATCH_ZSTD_MAGIC), "compressed");
+        assert!(z.len() < encode_batch(&many).len() / 2);
+        let Ok(Frame::Records(got)) = frame_of(z.clone()) else {
+            panic!("not a batch")
+        };
+        assert_eq!(got.len(), 200);
+        assert_eq!(&got[7][..], &many[7][..]);
+        assert!(frame_of(z.slice(..z.len() - 3)).is_err());
         let mut mark = MARK_MAGIC.to_vec();
         mark.extend_from_slice(&5u64.to_be_bytes());
         mark.extend_from_slice(&40u64.to_be_bytes());

@@ -578,7 +578,28 @@ impl Store {
         recs: Vec<RecordIn>,
         on_durable: Callback,
     ) -> Result<Range<u64>, StoreError> {
-        self.batch(&recs, Some(on_durable), true)?
+        self.batch(&recs, &mut Some(on_durable), true)?
+            .ok_or(StoreError::Closed)
+    }
+
+    /// Appends several records with consecutive offsets under one lock; `on_durable` (if
+    /// any) fires once for them all, with the last offset. Never blocks: `Ok(None)` when the
+    /// queue has no room for them (nothing was appended, and `on_durable` is left in place).
+    pub fn try_append_records(
+        &self,
+        recs: &[RecordIn],
+        on_durable: &mut Option<Callback>,
+    ) -> Result<Option<Range<u64>>, StoreError> {
+        self.batch(recs, on_durable, false)
+    }
+
+    /// [`Store::try_append_records`], waiting while the queue is full.
+    pub fn append_records(
+        &self,
+        recs: &[RecordIn],
+        on_durable: Option<Callback>,
+    ) -> Result<Range<u64>, StoreError> {
+        self.batch(recs, &mut { on_durable }, true)?
             .ok_or(StoreError::Closed)
     }
 
@@ -589,18 +610,18 @@ impl Store {
         &self,
         recs: &[RecordIn],
     ) -> Result<Option<Range<u64>>, StoreError> {
-        self.batch(recs, None, false)
+        self.batch(recs, &mut None, false)
     }
 
     /// [`Store::try_append_quiet_batch`], waiting while the queue is full.
     pub fn append_quiet_batch(&self, recs: &[RecordIn]) -> Result<Range<u64>, StoreError> {
-        self.batch(recs, None, true)?.ok_or(StoreError::Closed)
+        self.batch(recs, &mut None, true)?.ok_or(StoreError::Closed)
     }
 
     fn batch(
         &self,
         recs: &[RecordIn],
-        on_durable: Option<Callback>,
+        on_durable: &mut Option<Callback>,
         block: bool,
     ) -> Result<Option<Range<u64>>, StoreError> {
         let sh = self.shared();
@@ -650,7 +671,7 @@ impl Store {
             q.full_waiters -= 1;
         }
         let first = q.next_offset;
-        let mut cb = on_durable;
+        let mut cb = on_durable.take();
         let mut items = Vec::with_capacity(n);
         let mut last_ts = q.last_ts;
         let mut bytes_total = 0;
