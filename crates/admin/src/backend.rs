@@ -313,6 +313,13 @@ pub struct ClusterFigures {
     pub routed_offset: u64,
     /// 1 when the replicator stopped (fail-stop on a misaligned offset).
     pub replicator_failed: u64,
+    /// 1 when the replicator stopped because the log it read diverged from what JetStream
+    /// acknowledged to this node.
+    pub diverged: u64,
+    /// QoS 0 records dropped because the cluster's log was behind (pacing).
+    pub qos0_dropped: u64,
+    /// Stream messages (batch frames) JetStream acknowledged to this node.
+    pub acked_seq: u64,
 }
 
 /// A message to publish, checked for shape (the broker checks the topic, QoS and ACL).

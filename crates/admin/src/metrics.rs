@@ -230,6 +230,20 @@ impl Collector for Scrape {
                 None,
                 c.replicator_failed,
             )?;
+            gauge(
+                e,
+                "lanemq_cluster_diverged",
+                "1 when the replicator stopped because the log it read diverged from what JetStream acknowledged to this node.",
+                None,
+                c.diverged,
+            )?;
+            counter(
+                e,
+                "lanemq_cluster_qos0_dropped",
+                "QoS 0 messages dropped because the cluster's log was behind (pacing).",
+                None,
+                c.qos0_dropped,
+            )?;
         }
         gauge(
             e,
@@ -778,6 +792,9 @@ mod tests {
                 replicated: 12,
                 routed_offset: 13,
                 replicator_failed: 0,
+                diverged: 0,
+                qos0_dropped: 4,
+                acked_seq: 0,
             }),
             connections: 3,
             connections_hibernating: 2,
@@ -841,6 +858,8 @@ mod tests {
             "lanemq_cluster_replicated_total 12",
             "lanemq_cluster_routed_offset 13",
             "lanemq_cluster_replicator_failed 0",
+            "lanemq_cluster_diverged 0",
+            "lanemq_cluster_qos0_dropped_total 4",
             "# TYPE lanemq_connections_accepted_total counter",
             "lanemq_connections_accepted_total 10",
             "lanemq_connections_refused_total{reason=\"bad_user_name_or_password\"} 2",

@@ -696,6 +696,9 @@ fn apply_record(
                 "$lanemq".into(),
             );
             m.offset = NOT_STORED;
+            // The log's time, not this node's clock: the previous record's timestamp (the
+            // store raises 0 to it), the same on every node.
+            m.timestamp_us = 0;
             let mut rec: RecordIn = crate::persist::record_in(&m, None);
             rec.index_hints.extend(hint);
             let cb = last.then(|| completion(&r.done, offset));
@@ -821,6 +824,8 @@ enum RegistryChange {
     DeleteRetained(String),
     UpdateParent(String, lanemq_lite::ParentDef),
     DeleteParent(String),
+    /// Positions of sessions: `(client id, claim, position)`.
+    Positions(Vec<(String, u64, u64)>),
 }
 
 /// The topic of the lane membership records: a starting node reads this subject of the log
@@ -955,6 +960,27 @@ pub fn spawn_lane_watch(broker: Arc<Broker>) {
             }
         }
     });
+}
+
+impl Broker {
+    /// Cluster mode: write session positions to the log (a control record in the batches).
+    pub(crate) async fn cluster_positions(&self, list: Vec<(String, u64, u64)>) {
+        let Some(cluster) = self.cluster.get() else {
+            return;
+        };
+        let req = RegistryOp {
+            node: cluster.link.options().node_id.clone(),
+            id: 0,
+            op: RegistryChange::Positions(list),
+        };
+        let mut body = CTL_MAGIC.to_vec();
+        if serde_json::to_writer(&mut body, &req).is_err() {
+            return;
+        }
+        if let Err(e) = cluster.link.publish(Bytes::from(body), None).await {
+            tracing::debug!(error = %e, "cluster: session positions not written");
+        }
+    }
 }
 
 /// How long a REST call waits for its registry change to come back through the log.
@@ -1253,6 +1279,18 @@ fn apply_control(broker: &Broker, payload: &[u8], offset: u64) {
         }
     };
     let op = match req.op {
+        RegistryChange::Positions(list) => {
+            if let Some(c) = broker.cluster.get() {
+                let mut map = c.positions.lock().unwrap_or_else(|e| e.into_inner());
+                for (client, claim, pos) in list {
+                    let e = map.entry(client).or_insert((claim, pos));
+                    if e.0 != claim || e.1 < pos {
+                        *e = (claim, pos);
+                    }
+                }
+            }
+            return;
+        }
         RegistryChange::Lane(op) => {
             broker.lite.send(crate::lite::Event::Remote {
                 op,
@@ -1264,7 +1302,7 @@ fn apply_control(broker: &Broker, payload: &[u8], offset: u64) {
         op => op,
     };
     let outcome = tokio::task::block_in_place(|| match op {
-        RegistryChange::Lane(_) => RegistryOutcome::Done(Ok(())),
+        RegistryChange::Lane(_) | RegistryChange::Positions(_) => RegistryOutcome::Done(Ok(())),
         RegistryChange::DeleteRetained(topic) => {
             RegistryOutcome::Removed(broker.delete_retained(&topic))
         }

@@ -48,6 +48,15 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
 fn unhex6(s: &str) -> Option<[u8; 6]> {
     let mut out = [0u8; 6];
     if s.len() != 12 {
@@ -87,14 +96,14 @@ impl Broker {
             })
             .collect();
         let mut queue: Vec<(u64, u8, bool)> = Vec::new();
-        for i in st.inflight.iter() {
+        for i in st.inflight.iter().filter(|i| i.delivery.stream.is_none()) {
             queue.push((
                 i.delivery.msg.offset,
                 i.delivery.qos.as_u8(),
                 i.delivery.retain,
             ));
         }
-        for d in st.queue.iter() {
+        for d in st.queue.iter().filter(|d| d.stream.is_none()) {
             queue.push((d.msg.offset, d.qos.as_u8(), d.retain));
         }
         for s in st.spilled.iter() {
@@ -102,7 +111,22 @@ impl Broker {
         }
         queue.retain(|q| q.0 != crate::message::NOT_STORED);
         let first = queue.iter().map(|q| q.0).min().unwrap_or(routed);
+        let streams = st
+            .stream_subs
+            .iter()
+            .map(|(f, sub)| (f.clone(), hex(&sub.stored().encode())))
+            .collect();
+        let claim = self.cluster.get().map_or(0, |c| {
+            c.claims
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&session.client_id)
+                .copied()
+                .unwrap_or(0)
+        });
         SessionRecord {
+            streams,
+            claim,
             node,
             protocol: st.protocol.level(),
             expiry_s: st.expiry_s,
@@ -114,6 +138,28 @@ impl Broker {
             },
             queue: if with_queue { queue } else { Vec::new() },
         }
+    }
+
+    /// The position of a local session: the oldest delivery it still holds (outside its
+    /// stream subscriptions), or `routed`.
+    fn session_position(session: &Session, routed: u64) -> u64 {
+        let st = session.lock();
+        let inflight = st
+            .inflight
+            .iter()
+            .filter(|i| i.delivery.stream.is_none())
+            .map(|i| i.delivery.msg.offset);
+        let queued = st
+            .queue
+            .iter()
+            .filter(|d| d.stream.is_none())
+            .map(|d| d.msg.offset);
+        let spilled = st.spilled.iter().map(|s| s.offset);
+        inflight
+            .chain(queued)
+            .chain(spilled)
+            .filter(|o| *o != crate::message::NOT_STORED)
+            .fold(routed, u64::min)
     }
 }
 
@@ -177,7 +223,24 @@ pub async fn adopt(
         // The owner no longer has it (it expired there): nothing to resume.
         Ok(_) => None,
         Err(e) => {
-            info!(client = client_id, owner = %stored.node, error = %e,
+            if stored.expiry_s == 0 {
+                // Its session ended with its connection (the node died): nothing to resume.
+                return None;
+            }
+            let mut stored = stored;
+            // The log holds positions newer than the bucket's (written with the
+            // acknowledgements): the newest of this claim is where the session resumes.
+            if let Some(&(claim, pos)) = cluster
+                .positions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(client_id)
+            {
+                if claim == stored.claim && stored.claim != 0 && pos > stored.position {
+                    stored.position = pos;
+                }
+            }
+            info!(client = client_id, owner = %stored.node, error = %e, position = stored.position,
                 "cluster: the session's node did not answer; resuming from the sessions bucket");
             Some(stored)
         }
@@ -210,15 +273,19 @@ pub async fn install_and_claim(
     resumed
 }
 
-/// Write this node's record of `session` to the bucket (nothing for a session that ends with
-/// its connection).
+/// Write this node's record of `session` to the bucket, under a new claim. A session that
+/// ends with its connection (expiry 0) is recorded too, so that a connection with its client
+/// id on another node takes it over (it is never resumed from the bucket).
 async fn claim(broker: &Arc<Broker>, session: &Arc<Session>) {
     let Some(cluster) = broker.cluster.get() else {
         return;
     };
-    if session.lock().expiry_s == 0 {
-        return;
-    }
+    let id = new_claim();
+    cluster
+        .claims
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(session.client_id.clone(), id);
     let routed = broker.persist.store.next_offset();
     let rec = broker.session_record(session, routed, false);
     let key = lanemq_cluster::session_key(&session.client_id);
@@ -227,6 +294,15 @@ async fn claim(broker: &Arc<Broker>, session: &Arc<Session>) {
             warn!(error = %e, client = %session.client_id, "cluster: cannot record the session in the sessions bucket");
         }
     }
+}
+
+/// A claim id: the time in ns and a counter, unlikely to repeat across nodes and restarts.
+fn new_claim() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (t ^ NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed).rotate_left(48)).max(1)
 }
 
 /// Install a resumed session (called by the replicator between two records, when its routed
@@ -320,10 +396,32 @@ pub fn install(broker: &Broker, session: &Arc<Session>, record: &SessionRecord, 
             }
         }
     }
+    let mut streams = 0usize;
     {
         let mut st = session.lock();
         for (f, s) in &subs {
             st.subscriptions.insert(f.clone(), s.clone());
+        }
+        // Stream subscriptions go on from their acknowledged position (the same stream
+        // offsets on every node); the connection starts their feeders.
+        for (f, v) in &record.streams {
+            let Some(stored) = unhex(v).and_then(|b| crate::stream_sub::StoredStreamSub::decode(&b))
+            else {
+                warn!(filter = %f, "cluster: a stream subscription of a session record is not understood");
+                continue;
+            };
+            if st.expiry_s > 0 {
+                broker.persist.submit(crate::persist::Op::StreamSubPut {
+                    client: session.client_id.clone(),
+                    filter: f.clone(),
+                    value: stored.encode(),
+                });
+            }
+            st.stream_subs.insert(
+                f.clone(),
+                crate::stream_sub::StreamSub::restored(f.clone(), stored),
+            );
+            streams += 1;
         }
     }
     for (f, s) in &subs {
@@ -345,7 +443,7 @@ pub fn install(broker: &Broker, session: &Arc<Session>, record: &SessionRecord, 
             },
         );
     }
-    info!(client = %session.client_id, handed, replayed, from = record.position, to = routed,
+    info!(client = %session.client_id, handed, replayed, streams, from = record.position, to = routed,
         "cluster: session resumed on this node");
 }
 
@@ -417,6 +515,24 @@ pub fn spawn_sync(broker: Arc<Broker>) {
                 return;
             };
             let routed = broker.replicator_routed();
+            // The claims of sessions that ended here go (no lock held while looking).
+            let clients: Vec<Arc<str>> = cluster
+                .claims
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys()
+                .cloned()
+                .collect();
+            let gone: Vec<Arc<str>> = clients
+                .into_iter()
+                .filter(|c| broker.get_session(c).is_none())
+                .collect();
+            if !gone.is_empty() {
+                let mut claims = cluster.claims.lock().unwrap_or_else(|e| e.into_inner());
+                for c in &gone {
+                    claims.remove(c);
+                }
+            }
             let sessions = broker.persistent_sessions();
             let mut seen: HashMap<Arc<str>, SessionRecord> = HashMap::with_capacity(sessions.len());
             for s in sessions {
@@ -425,6 +541,7 @@ pub fn spawn_sync(broker: Arc<Broker>) {
                     old.subs != rec.subs
                         || old.expiry_s != rec.expiry_s
                         || old.position != rec.position
+                        || old.streams != rec.streams
                 });
                 if changed {
                     let key = lanemq_cluster::session_key(&s.client_id);
@@ -442,6 +559,52 @@ pub fn spawn_sync(broker: Arc<Broker>) {
     });
 }
 
+/// How often the owner writes the positions of its sessions that moved to the log.
+pub const POSITIONS_EVERY: Duration = Duration::from_millis(20);
+
+/// Write the positions of this node's persistent sessions that moved (acknowledgements
+/// received) to the cluster's log, many in one control record, in the batches of the log: a
+/// session resumed after this node's death repeats at most what was in flight and the last
+/// [`POSITIONS_EVERY`].
+pub fn spawn_positions(broker: Arc<Broker>) {
+    tokio::spawn(async move {
+        let mut last: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut shutdown = broker.shutdown_signal();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(POSITIONS_EVERY) => {}
+                _ = shutdown.changed() => return,
+            }
+            let Some(cluster) = broker.cluster.get() else {
+                return;
+            };
+            let routed = broker.replicator_routed();
+            let sessions = broker.persistent_sessions();
+            let claims = cluster
+                .claims
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let mut moved = Vec::new();
+            let mut seen: HashMap<Arc<str>, u64> = HashMap::with_capacity(sessions.len());
+            for s in sessions {
+                let Some(&claim) = claims.get(&s.client_id) else {
+                    continue;
+                };
+                let pos = Broker::session_position(&s, routed);
+                if last.get(&s.client_id) != Some(&pos) {
+                    moved.push((s.client_id.to_string(), claim, pos));
+                }
+                seen.insert(s.client_id.clone(), pos);
+            }
+            last = seen;
+            if !moved.is_empty() {
+                broker.cluster_positions(moved).await;
+            }
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,6 +618,8 @@ mod tests {
             subs: vec![("t/#".into(), hex(&[1, 2, 3, 4, 5, 6]))],
             position: 42,
             queue: vec![(7, 1, false)],
+            streams: vec![("$stream/s1".into(), hex(b"\x01abc"))],
+            claim: 9,
         };
         let v = serde_json::to_vec(&r).expect("encode");
         assert_eq!(
@@ -463,5 +628,11 @@ mod tests {
         );
         assert_eq!(unhex6(&r.subs[0].1), Some([1, 2, 3, 4, 5, 6]));
         assert_eq!(unhex6("zz"), None);
+        assert_eq!(unhex(&r.streams[0].1), Some(b"\x01abc".to_vec()));
+        assert_eq!(unhex("abc"), None);
+        // A record written before streams and claims existed still reads.
+        let old = br#"{"node":"n1","protocol":5,"expiry_s":1,"subs":[],"position":3,"queue":[]}"#;
+        let o: SessionRecord = serde_json::from_slice(old).expect("old record");
+        assert_eq!((o.claim, o.streams.len()), (0, 0));
     }
 }

@@ -26,6 +26,9 @@ pub struct Cluster {
     pub publish_failures: Arc<AtomicU64>,
     /// The replicator stopped on a misaligned offset (fail-stop).
     pub failed: AtomicBool,
+    /// The replicator stopped because the log it read diverged from what JetStream
+    /// acknowledged to this node.
+    pub diverged: AtomicBool,
     /// The sessions bucket (`crate::cluster_sessions`).
     pub kv: lanemq_cluster::Kv,
     /// Resumed sessions for the replicator to install.
@@ -42,6 +45,11 @@ pub struct Cluster {
     pub applied: std::sync::Mutex<std::collections::VecDeque<(u64, u64)>>,
     /// QoS 0 records dropped because the cluster's log was behind (pacing).
     pub qos0_dropped: AtomicU64,
+    /// The claim of each session this node owns ([`SessionRecord::claim`]).
+    pub claims: std::sync::Mutex<std::collections::HashMap<Arc<str>, u64>>,
+    /// The newest position of each session the log holds (`Positions` records of every
+    /// node): client id to `(claim, position)`.
+    pub positions: std::sync::Mutex<std::collections::HashMap<String, (u64, u64)>>,
 }
 
 impl Cluster {
@@ -90,6 +98,7 @@ impl Cluster {
             replicated: AtomicU64::new(0),
             publish_failures: Arc::new(AtomicU64::new(0)),
             failed: AtomicBool::new(false),
+            diverged: AtomicBool::new(false),
             kv,
             installs,
             installs_rx: std::sync::Mutex::new(Some(rx)),
@@ -98,6 +107,8 @@ impl Cluster {
             applied_seq: AtomicU64::new(0),
             applied: Default::default(),
             qos0_dropped: AtomicU64::new(0),
+            claims: Default::default(),
+            positions: Default::default(),
         })
     }
 }
@@ -136,8 +147,17 @@ pub struct SessionRecord {
     /// receive (they were not routed to it by the owner, or not acknowledged).
     pub position: u64,
     /// A takeover's exact queue: `(offset, qos, retain)` of the deliveries the owner still had
-    /// (in flight, queued, spilled), in order; empty in the bucket.
+    /// (in flight, queued, spilled), in order; empty in the bucket. Deliveries of stream
+    /// subscriptions are not in it: those go on from their acknowledged position.
     pub queue: Vec<(u64, u8, bool)>,
+    /// Stream subscriptions (`$stream/`, `$s/`): the filter and its stored form
+    /// (`crate::stream_sub::StoredStreamSub`, in hex), with its acknowledged position.
+    #[serde(default)]
+    pub streams: Vec<(String, String)>,
+    /// Which claim of the session this is: a node that takes a session writes a new one, and
+    /// the positions it writes to the log carry it (0: none).
+    #[serde(default)]
+    pub claim: u64,
 }
 
 /// A request to the replicator: install a resumed session.

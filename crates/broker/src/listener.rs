@@ -235,6 +235,7 @@ impl Server {
             }
             crate::cluster_sessions::spawn_takeover_server(broker.clone());
             crate::cluster_sessions::spawn_sync(broker.clone());
+            crate::cluster_sessions::spawn_positions(broker.clone());
             crate::cluster::spawn_lane_watch(broker.clone());
             // Declared streams and parents this node does not have yet exist before it
             // listens; when it has them all (a restart), a changed definition goes out in the

@@ -162,6 +162,12 @@ struct Out {
     done: Option<Done>,
 }
 
+/// Acknowledged message ids kept for the reader's check ([`Link::take_acked_id`]).
+const ACKED_IDS_KEPT: usize = 65_536;
+
+/// How often the connection pings its NATS server (two unanswered pings: reconnect).
+const PING_INTERVAL: Duration = Duration::from_secs(2);
+
 /// Most records one batch frame may hold (`batch_records_max` is at most this).
 pub const BATCH_RECORDS_MAX: usize = 4096;
 
@@ -347,10 +353,13 @@ fn records_of(payload: Bytes, mut pos: usize) -> Result<Frame, String> {
 /// A record of the stream, in order.
 #[derive(Debug)]
 pub struct Entry {
-    /// Stream sequence (log offset + 1).
+    /// Stream sequence.
     pub seq: u64,
-    /// The bytes given to [`Link::publish`].
+    /// The message: a batch frame, a record published alone, or an offset mark
+    /// ([`frame_of`]).
     pub payload: Bytes,
+    /// The message's `Nats-Msg-Id`, if it has one.
+    pub id: Option<String>,
 }
 
 /// State of the log stream.
@@ -373,6 +382,9 @@ pub struct Link {
     tx: mpsc::Sender<Out>,
     /// The highest stream sequence JetStream acknowledged to this node.
     acked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The messages JetStream acknowledged to this node that the replicator has not checked
+    /// yet: stream sequence and message id ([`Link::take_acked_id`]), bounded.
+    acked_ids: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, String>>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -491,6 +503,9 @@ impl Link {
             .retry_on_initial_connect()
             .max_reconnects(None)
             .connection_timeout(Duration::from_secs(2))
+            // A server cut off by the network (no RST, no FIN) is noticed after two missed
+            // pings, and the client moves to another listed server.
+            .ping_interval(PING_INTERVAL)
             .event_callback(move |ev| {
                 let last = last_error.clone();
                 async move {
@@ -537,6 +552,7 @@ impl Link {
             opts,
             tx,
             acked: Default::default(),
+            acked_ids: Default::default(),
         };
         let deadline = tokio::time::Instant::now() + connect_timeout;
         loop {
@@ -707,6 +723,19 @@ impl Link {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
+    /// The id of the message JetStream acknowledged to this node at stream sequence `seq`,
+    /// if this node published it (forgotten once asked, and beyond [`ACKED_IDS_KEPT`]). A
+    /// reader that finds another message at that sequence reads a log that diverged from
+    /// what JetStream acknowledged.
+    pub fn take_acked_id(&self, seq: u64) -> Option<String> {
+        let mut ids = self.acked_ids.lock().unwrap_or_else(|e| e.into_inner());
+        // Older ones were passed by the reader (it reads in order).
+        while ids.first_key_value().is_some_and(|(s, _)| *s < seq) {
+            ids.pop_first();
+        }
+        ids.remove(&seq)
+    }
+
     /// The highest stream sequence JetStream acknowledged to this node so far.
     pub fn acked_seq(&self) -> u64 {
         self.acked.load(std::sync::atomic::Ordering::Relaxed)
@@ -815,6 +844,7 @@ impl Link {
             out.push(Entry {
                 seq,
                 payload: m.message.payload.clone(),
+                id: None,
             });
             if seq == target {
                 break;
@@ -1069,9 +1099,16 @@ impl Feed {
             Ok(i) => i.stream_sequence,
             Err(e) => return Some(Err(ClusterError::Feed(e.to_string()))),
         };
+        let id = m
+            .message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .map(|v| v.as_str().to_string());
         Some(Ok(Entry {
             seq,
             payload: m.message.payload.clone(),
+            id,
         }))
     }
 }
@@ -1079,7 +1116,10 @@ impl Feed {
 /// One published message (a batch frame or a record alone) waiting for its ack: the
 /// callbacks of its records with their indexes, and the outcome.
 type Inflight = std::pin::Pin<
-    Box<dyn std::future::Future<Output = (Vec<(u32, Done)>, Result<u64, ClusterError>)> + Send>,
+    Box<
+        dyn std::future::Future<Output = (Vec<(u32, Done)>, Result<(u64, String), ClusterError>)>
+            + Send,
+    >,
 >;
 
 /// Publishes the records handed over, in order, packed into batch frames: a batch takes what
@@ -1181,24 +1221,33 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
             deadline: tokio::time::Instant::now() + link.opts.publish_timeout,
         };
         inflight.push_back(Box::pin(async move {
+            let id = retry.id.clone();
             let r = match first {
+                // (A duplicate's ack names the sequence of the first copy.)
                 Ok(ack) => match ack.await {
                     Ok(a) => Ok(a.sequence),
                     Err(e) => retry.run(e.to_string()).await,
                 },
                 Err(e) => retry.run(e.to_string()).await,
             };
-            (dones, r)
+            (dones, r.map(|seq| (seq, id)))
         }));
     }
 }
 
 /// A message's outcome to the callbacks of its records.
-fn finish(link: &Link, dones: Vec<(u32, Done)>, r: Result<u64, ClusterError>) {
+fn finish(link: &Link, dones: Vec<(u32, Done)>, r: Result<(u64, String), ClusterError>) {
     match r {
-        Ok(seq) => {
+        Ok((seq, id)) => {
             link.acked
                 .fetch_max(seq, std::sync::atomic::Ordering::Relaxed);
+            {
+                let mut ids = link.acked_ids.lock().unwrap_or_else(|e| e.into_inner());
+                if ids.len() >= ACKED_IDS_KEPT {
+                    ids.pop_first();
+                }
+                ids.insert(seq, id);
+            }
             for (index, done) in dones {
                 done(Ok(Ack { seq, index }));
             }
