@@ -221,17 +221,29 @@ def client(cid, port, clean=True, expiry=0, on_message=None, present=None):
     return c
 
 
+# A session resumed after its node died gets again only what its client received this long
+# before the death at most (positions are written every 20 ms; the rest is the pipeline).
+RESUME_REPEAT_WINDOW_S = 0.5
+
+
 class Collector:
     """Messages a subscriber received: (topic, payload, user properties)."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.msgs = []
+        self.times = {}
 
     def __call__(self, c, u, m):
         with self.lock:
             ups = dict(m.properties.UserProperty) if hasattr(m.properties, "UserProperty") else {}
             self.msgs.append((m.topic, m.payload.decode(), ups, m.qos))
+            self.times.setdefault(m.payload.decode(), time.time())
+
+    def received_at(self):
+        """Payload -> when it was first received (the client acknowledges it then)."""
+        with self.lock:
+            return dict(self.times)
 
     def count(self):
         with self.lock:
@@ -893,6 +905,20 @@ def kill(nodes, nats):
         "kill_session_resumed_on_another_node",
         sp0 is True and miss0 == 0,
         "session_present=%s missing=%d of %d acked" % (sp0, miss0, len(acked)),
+    )
+    # What the resumed session got again: only what its client received (and acknowledged)
+    # in the last moments before its node died, never what it had acknowledged earlier (the
+    # node writes the session's position to the log with the acknowledgements).
+    before = c0.received_at()
+    again0 = [p for p in {m[1] for m in c0b.snapshot()} if p in before]
+    oldest = max((t0 - before[p] for p in again0), default=0.0)
+    print("kill: resumed session got %d of the %d messages received before the kill again, "
+          "the oldest received %.3f s before the kill" % (len(again0), len(before), oldest), flush=True)
+    result(
+        "kill_session_resume_repeats_only_in_flight",
+        oldest <= RESUME_REPEAT_WINDOW_S,
+        "%d repeated, the oldest received %.3f s before the kill (at most %.1f s allowed)"
+        % (len(again0), oldest, RESUME_REPEAT_WINDOW_S),
     )
     # Per publisher connection, what the persistent subscriber got is in publish order.
     ordered = []

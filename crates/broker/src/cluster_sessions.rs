@@ -140,9 +140,9 @@ impl Broker {
         }
     }
 
-    /// The position of a local session: the oldest delivery it still holds (outside its
-    /// stream subscriptions), or `routed`.
-    fn session_position(session: &Session, routed: u64) -> u64 {
+    /// What moves a local session's position: the sequence of its deliveries, and the
+    /// oldest delivery it still holds (outside its stream subscriptions), if any.
+    fn session_activity(session: &Session) -> (u64, Option<u64>) {
         let st = session.lock();
         let inflight = st
             .inflight
@@ -155,11 +155,12 @@ impl Broker {
             .filter(|d| d.stream.is_none())
             .map(|d| d.msg.offset);
         let spilled = st.spilled.iter().map(|s| s.offset);
-        inflight
+        let held = inflight
             .chain(queued)
             .chain(spilled)
             .filter(|o| *o != crate::message::NOT_STORED)
-            .fold(routed, u64::min)
+            .min();
+        (st.next_seq, held)
     }
 }
 
@@ -302,7 +303,10 @@ fn new_claim() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    (t ^ NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed).rotate_left(48)).max(1)
+    (t ^ NEXT
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        .rotate_left(48))
+    .max(1)
 }
 
 /// Install a resumed session (called by the replicator between two records, when its routed
@@ -405,7 +409,8 @@ pub fn install(broker: &Broker, session: &Arc<Session>, record: &SessionRecord, 
         // Stream subscriptions go on from their acknowledged position (the same stream
         // offsets on every node); the connection starts their feeders.
         for (f, v) in &record.streams {
-            let Some(stored) = unhex(v).and_then(|b| crate::stream_sub::StoredStreamSub::decode(&b))
+            let Some(stored) =
+                unhex(v).and_then(|b| crate::stream_sub::StoredStreamSub::decode(&b))
             else {
                 warn!(filter = %f, "cluster: a stream subscription of a session record is not understood");
                 continue;
@@ -562,13 +567,15 @@ pub fn spawn_sync(broker: Arc<Broker>) {
 /// How often the owner writes the positions of its sessions that moved to the log.
 pub const POSITIONS_EVERY: Duration = Duration::from_millis(20);
 
-/// Write the positions of this node's persistent sessions that moved (acknowledgements
-/// received) to the cluster's log, many in one control record, in the batches of the log: a
-/// session resumed after this node's death repeats at most what was in flight and the last
-/// [`POSITIONS_EVERY`].
+/// Write the positions of this node's persistent sessions that moved (deliveries pushed,
+/// acknowledgements received) to the cluster's log, many in one control record, in the
+/// batches of the log: a session resumed after this node's death repeats at most what was in
+/// flight and the last [`POSITIONS_EVERY`]. A session nothing happened to keeps its last
+/// position (the records after it did not match it): writing the routed offset again would
+/// itself move every node's routed offset, and again, for ever.
 pub fn spawn_positions(broker: Arc<Broker>) {
     tokio::spawn(async move {
-        let mut last: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut last: HashMap<Arc<str>, (u64, Option<u64>)> = HashMap::new();
         let mut shutdown = broker.shutdown_signal();
         loop {
             tokio::select! {
@@ -586,16 +593,18 @@ pub fn spawn_positions(broker: Arc<Broker>) {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
             let mut moved = Vec::new();
-            let mut seen: HashMap<Arc<str>, u64> = HashMap::with_capacity(sessions.len());
+            let mut seen: HashMap<Arc<str>, (u64, Option<u64>)> =
+                HashMap::with_capacity(sessions.len());
             for s in sessions {
                 let Some(&claim) = claims.get(&s.client_id) else {
                     continue;
                 };
-                let pos = Broker::session_position(&s, routed);
-                if last.get(&s.client_id) != Some(&pos) {
+                let activity = Broker::session_activity(&s);
+                if last.get(&s.client_id) != Some(&activity) {
+                    let pos = activity.1.map_or(routed, |h| h.min(routed));
                     moved.push((s.client_id.to_string(), claim, pos));
                 }
-                seen.insert(s.client_id.clone(), pos);
+                seen.insert(s.client_id.clone(), activity);
             }
             last = seen;
             if !moved.is_empty() {

@@ -103,8 +103,17 @@ impl Server {
                     Err(e) => return Err(anyhow_lite::Error(format!("cluster: {e}"))),
                 }
             };
+            let version = c.link.server_version();
             info!(node = %config.cluster.node_id, stream = %config.cluster.stream,
-                first_seq = state.first_seq, last_seq = state.last_seq, "cluster: joined");
+                first_seq = state.first_seq, last_seq = state.last_seq, nats_server = %version, "cluster: joined");
+            match lanemq_cluster::can_sync_always(&version) {
+                Some(false) => tracing::warn!(nats_server = %version,
+                    "cluster: this nats-server cannot fsync before it acknowledges (jetstream sync_interval: always needs 2.10 or later): \
+                     an acknowledged message is lost if a majority of the nats-servers lose power, or are all killed, before they flush it (docs/cluster.md, Durability)"),
+                Some(true) => info!(nats_server = %version,
+                    "cluster: acknowledged messages survive a power loss of the nats-servers only with jetstream {{ sync_interval: always }} in their configuration (docs/cluster.md, Durability)"),
+                None => {}
+            }
             Some((c, state, crate::cluster::join_point(state, mark)))
         } else {
             None

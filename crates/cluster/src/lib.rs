@@ -580,6 +580,11 @@ impl Link {
         Ok(link)
     }
 
+    /// The version of the NATS server this link is connected to now (`2.9.10`).
+    pub fn server_version(&self) -> String {
+        self.client.server_info().version
+    }
+
     /// This link's settings.
     pub fn options(&self) -> &LinkOptions {
         &self.opts
@@ -1301,6 +1306,16 @@ impl Retry {
     }
 }
 
+/// Whether a nats-server of `version` can fsync before it acknowledges a JetStream message
+/// (`jetstream { sync_interval: always }`, nats-server 2.10 and later). `None`: not a version
+/// this can read.
+pub fn can_sync_always(version: &str) -> Option<bool> {
+    let mut it = version.trim_start_matches('v').split(['.', '-']);
+    let major: u32 = it.next()?.parse().ok()?;
+    let minor: u32 = it.next()?.parse().ok()?;
+    Some(major > 2 || (major == 2 && minor >= 10))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1327,6 +1342,15 @@ mod tests {
         }
         assert_eq!(subject_for("p", "a/b.c"), "p.a.b%2Ec");
         assert_eq!(topic_of("p", "q.a"), None);
+    }
+
+    #[test]
+    fn sync_always_needs_2_10() {
+        assert_eq!(can_sync_always("2.9.10"), Some(false));
+        assert_eq!(can_sync_always("v2.10.0"), Some(true));
+        assert_eq!(can_sync_always("2.15.1"), Some(true));
+        assert_eq!(can_sync_always("3.0.0-beta"), Some(true));
+        assert_eq!(can_sync_always("x"), None);
     }
 
     #[test]
