@@ -7,14 +7,24 @@
 #
 #   bash interop/bench-cluster.sh
 #
-# Scenarios (lanemq-bench, all clients on one node, 64 B payloads):
-#   fanin_q1   10 publishers -> 1 subscriber, QoS 1, as fast as acks come (inflight 100)
+# Setups, in alternating rounds: `single` (one lanemq without --cluster), `cluster3` (three
+# lanemq nodes on the three nats-servers, JetStream R3) and `natsmqtt` (nats-server's own MQTT
+# listener on the same three nats-servers: the peer; MQTT 3.1.1, QoS 0/1 only).
+#
+# Scenarios (lanemq-bench, 64 B payloads, MQTT 3.1.1 so that every setup runs the same):
+#   fanin_q1   10 publishers -> 1 subscriber, QoS 1, as fast as acks come (inflight 100),
+#              all clients on one node
+#   cross_q1   the same with the publishers on node 1 and the subscriber on node 2
 #   fanin_q0   10 publishers -> 1 subscriber, QoS 0, as fast as possible
 #   latency_q1 the same as fanin_q1 at a fixed 5,000 msg/s: p99 without queueing
+#   flood_q0   4 QoS 0 publishers flooding one topic (as fast as they can) while one paced
+#              QoS 0 client publishes 1,000 msg/s to its own subscriber on the same node:
+#              the paced client's p99 and loss (a flood must not queue everyone)
 # CPU per message: user + system time of every broker process (one lanemq; or three lanemq
-# and three nats-server) divided by the messages received.
+# and three nats-server; or the three nats-servers) divided by the messages received.
 #
-# Environment: ROUNDS=3 DURATION=5 SCENARIOS="fanin_q1 fanin_q0 latency_q1"
+# Environment: ROUNDS=3 DURATION=5 SCENARIOS="fanin_q1 cross_q1 fanin_q0 latency_q1 flood_q0"
+#   SETUPS="single cluster3 natsmqtt"
 #   RESULTS=target/bench-results/cluster-<time>
 #   LANEMQ_BIN=target/release/lanemq BENCH_BIN=target/release/lanemq-bench
 set -uo pipefail
@@ -53,7 +63,7 @@ cpu_ticks() { # summed utime+stime of the given pids
   echo "$t"
 }
 
-NP=($(port) $(port) $(port)); RP=($(port) $(port) $(port))
+NP=($(port) $(port) $(port)); RP=($(port) $(port) $(port)); MP=($(port) $(port) $(port))
 NATS_PIDS=()
 for i in 0 1 2; do
   routes=""
@@ -62,6 +72,7 @@ for i in 0 1 2; do
 server_name: n$i
 listen: 127.0.0.1:${NP[$i]}
 jetstream { store_dir: "$TMP/js$i" }
+mqtt { listen: 127.0.0.1:${MP[$i]} }
 cluster { name: bench, listen: 127.0.0.1:${RP[$i]}, routes: [ ${routes%, } ] }
 EOF
   "$NATS_SERVER" -c "$TMP/nats$i.conf" >"$TMP/nats$i.log" 2>&1 &
@@ -85,18 +96,32 @@ wait_port "$SP" || { echo "single node did not start"; exit 1; }
   echo "nats-server: $("$NATS_SERVER" --version 2>&1 | head -1)"; echo "rounds: $ROUNDS duration: $DURATION"
 } | tee "$RESULTS/machine.txt"
 
-run() { # name setup port lanemq-pids [-- nats-pids]
-  local name=$1 setup=$2 p=$3; shift 3
+run() { # name setup port sub-port lanemq-pids [-- nats-pids]
+  local name=$1 setup=$2 p=$3 sp=$4; shift 4
   local lpids=() npids=() seen=0 x
   for x in "$@"; do
     if [ "$x" = -- ]; then seen=1; elif [ $seen = 0 ]; then lpids+=("$x"); else npids+=("$x"); fi
   done
   local args=(--port "$p" --publishers 10 --subscribers 1 --payload 64 --duration "$DURATION"
-    --warmup 1 --drain 10 --inflight 100 --quiet --topic-prefix "bench/$name/$setup/$r")
+    --warmup 1 --drain 10 --inflight 100 --quiet --topic-prefix "bench/$name/$setup/$r"
+    --mqtt-version 3.1.1)
+  local flood=""
   case $name in
     fanin_q1) args+=(--qos 1) ;;
+    cross_q1) args+=(--qos 1 --sub-port "$sp") ;;
     fanin_q0) args+=(--qos 0) ;;
     latency_q1) args+=(--qos 1 --rate 5000) ;;
+    flood_q0)
+      args=(--port "$p" --publishers 1 --subscribers 1 --payload 64 --duration "$DURATION"
+        --warmup 1 --drain 10 --quiet --topic-prefix "bench/$name/$setup/$r/paced" --qos 0
+        --rate 1000 --mqtt-version 3.1.1)
+      "$BENCH_BIN" --port "$p" --publishers 4 --subscribers 1 --payload 64 --qos 0 \
+        --duration $((DURATION + 2)) --warmup 0 --drain 5 --quiet --mqtt-version 3.1.1 \
+        --topic-prefix "bench/$name/$setup/$r/flood" --json "$RESULTS/flooder.$setup.r$r.json" \
+        >"$RESULTS/flooder.$setup.r$r.txt" 2>&1 &
+      flood=$!
+      sleep 0.5
+      ;;
   esac
   local hz t0 t1 n0 n1
   hz=$(getconf CLK_TCK)
@@ -104,6 +129,7 @@ run() { # name setup port lanemq-pids [-- nats-pids]
   n0=$(cpu_ticks "${npids[@]}")
   echo "[bench] $name $setup round $r (load $(cut -d' ' -f1-3 /proc/loadavg))"
   "$BENCH_BIN" "${args[@]}" --json "$RESULTS/$name.$setup.r$r.json" >"$RESULTS/$name.$setup.r$r.txt" 2>&1
+  [ -n "$flood" ] && wait "$flood"
   t1=$(cpu_ticks "${lpids[@]}")
   n1=$(cpu_ticks "${npids[@]}")
   python3 - "$RESULTS/$name.$setup.r$r.json" "$(( t1 - t0 ))" "$(( n1 - n0 ))" "$hz" <<'EOF'
@@ -122,10 +148,16 @@ print("    %.1fk msg/s out, p99 %.0f us, CPU per message %.2f us (lanemq %.2f + 
 EOF
 }
 
+for i in 0 1 2; do wait_port "${MP[$i]}" || { echo "nats-server $i MQTT did not start"; exit 1; }; done
 for r in $(seq 1 "$ROUNDS"); do
-  for name in ${SCENARIOS:-fanin_q1 fanin_q0 latency_q1}; do
-    run "$name" single "$SP" "$SINGLE_PID"
-    run "$name" cluster3 "${NODE_PORTS[0]}" "${NODE_PIDS[@]}" -- "${NATS_PIDS[@]}"
+  for name in ${SCENARIOS:-fanin_q1 cross_q1 fanin_q0 latency_q1 flood_q0}; do
+    for setup in ${SETUPS:-single cluster3 natsmqtt}; do
+      case $setup in
+        single) run "$name" single "$SP" "$SP" "$SINGLE_PID" ;;
+        cluster3) run "$name" cluster3 "${NODE_PORTS[0]}" "${NODE_PORTS[1]}" "${NODE_PIDS[@]}" -- "${NATS_PIDS[@]}" ;;
+        natsmqtt) run "$name" natsmqtt "${MP[0]}" "${MP[1]}" -- "${NATS_PIDS[@]}" ;;
+      esac
+    done
   done
 done
 
@@ -138,12 +170,22 @@ for f in sorted(glob.glob(os.path.join(res, "*.json"))):
     d = json.load(open(f))
     lat = d.get("latency") or {}
     rows.setdefault((name, setup), []).append((d["msgs_per_sec_out"], lat.get("p99_us", 0),
-        d["cluster_cpu_us_per_msg"], d.get("lanemq_cpu_us_per_msg", 0), d.get("nats_cpu_us_per_msg", 0)))
-print("| scenario | setup | msg/s out, median (worst) | p99 µs, median (worst) | CPU µs/msg, median (lanemq + nats-server) |")
-print("|---|---|---|---|---|")
+        d.get("cluster_cpu_us_per_msg", 0), d.get("lanemq_cpu_us_per_msg", 0), d.get("nats_cpu_us_per_msg", 0),
+        d.get("loss", 0)))
+print("| scenario | setup | msg/s out, median (worst) | p99 µs, median (worst) | loss, median (worst) | CPU µs/msg, median (lanemq + nats-server) |")
+print("|---|---|---|---|---|---|")
 for (name, setup), v in sorted(rows.items()):
     med = lambda i: statistics.median(x[i] for x in v)
-    print("| %s | %s | %.1fk (%.1fk) | %d (%d) | %.1f (%.1f + %.1f) |" % (
+    print("| %s | %s | %.1fk (%.1fk) | %d (%d) | %d (%d) | %.1f (%.1f + %.1f) |" % (
         name, setup, med(0) / 1e3, min(x[0] for x in v) / 1e3, med(1), max(x[1] for x in v),
-        med(2), med(3), med(4)))
+        med(5), max(x[5] for x in v), med(2), med(3), med(4)))
+def ratio(name, a, b, i, what):
+    if (name, a) in rows and (name, b) in rows:
+        va = statistics.median(x[i] for x in rows[(name, a)])
+        vb = statistics.median(x[i] for x in rows[(name, b)])
+        print("%s: %s / %s %s = %.2fx" % (name, a, b, what, va / vb if vb else float("nan")))
+print()
+for name in ("fanin_q1", "cross_q1"):
+    ratio(name, "cluster3", "single", 2, "CPU per message (medians)")
+    ratio(name, "cluster3", "natsmqtt", 0, "msg/s out (medians)")
 EOF

@@ -635,6 +635,9 @@ def session_move(nodes):
     # Live takeover across nodes: the same client id connects to node 1 while connected to node 3.
     gone = threading.Event()
     s2.on_disconnect = lambda *a: gone.set()
+    # The connection taken over must not come back by itself (paho reconnects after 1 s):
+    # that would take the session back to node 3 while node 1's client receives.
+    s2.reconnect_delay_set(min_delay=120, max_delay=120)
     col3, present3 = Collector(), {}
     s3 = client("mv-sub", nodes[0].port, clean=False, expiry=600, on_message=col3, present=present3)
     sp3 = wait_key(present3, "session_present", 10)

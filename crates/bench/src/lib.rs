@@ -58,6 +58,10 @@ pub struct BenchOpts {
     /// Broker MQTT port.
     #[arg(long, default_value_t = 1883)]
     pub port: u16,
+    /// The subscribers' MQTT port, when they connect to another broker of a cluster than the
+    /// publishers (same host).
+    #[arg(long)]
+    pub sub_port: Option<u16>,
     /// Number of publishing connections.
     #[arg(long, default_value_t = 1)]
     pub publishers: usize,
@@ -197,10 +201,14 @@ impl BenchOpts {
     }
 
     fn addr(&self) -> String {
+        self.addr_at(self.port)
+    }
+
+    fn addr_at(&self, port: u16) -> String {
         if self.host.contains(':') && !self.host.starts_with('[') {
-            format!("[{}]:{}", self.host, self.port)
+            format!("[{}]:{}", self.host, port)
         } else {
-            format!("{}:{}", self.host, self.port)
+            format!("{}:{}", self.host, port)
         }
     }
 
@@ -596,7 +604,10 @@ async fn connect_many(
     read_chunk: usize,
     version: Version,
 ) -> anyhow::Result<Vec<Conn>> {
-    let addr = opts.addr();
+    let addr = match (role, opts.sub_port) {
+        ("s", Some(p)) => opts.addr_at(p),
+        _ => opts.addr(),
+    };
     let sem = Arc::new(tokio::sync::Semaphore::new(opts.connect_concurrency));
     let mut set = JoinSet::new();
     for i in 0..n {

@@ -442,6 +442,13 @@ async fn replicate(broker: &Arc<Broker>, start: Position) -> Result<(), String> 
                 Some(i) = installs.recv() => waiting.push(i),
                 _ = tokio::time::sleep_until(report) => {}
                 _ = watch.tick() => {
+                    if let Some(why) = link.diverged() {
+                        cluster.diverged.store(true, Ordering::SeqCst);
+                        return Err(format!(
+                            "the cluster's log diverged: {why}; this node's log is not the \
+                             cluster's (start it again with an empty data directory)"
+                        ));
+                    }
                     // The ordered consumer notices a dead server only after missed heartbeats
                     // (30 s and more): a feed that is silent while the stream holds records
                     // this node has not read is opened again.
@@ -539,6 +546,19 @@ fn apply(broker: &Arc<Broker>, r: &mut Replica, e: lanemq_cluster::Entry) -> Res
              this node had not read); restart this node with an empty data directory",
             r.pos.seq, e.seq
         ));
+    }
+    if let Some(c) = broker.cluster.get() {
+        // A message this node published: JetStream said where it stored it. A feed that gives
+        // something else there reads a log that diverged from the acknowledged one (a
+        // nats-server that served writes it never committed): stop rather than deliver the
+        // wrong messages.
+        if let Err(why) = c.link.check_read(e.seq, e.digest) {
+            c.diverged.store(true, Ordering::SeqCst);
+            return Err(format!(
+                "the cluster's log diverged: {why}; this node's log is not the cluster's \
+                 (start it again with an empty data directory)"
+            ));
+        }
     }
     let records = match lanemq_cluster::frame_of(e.payload) {
         Ok(Frame::Records(recs)) => recs,

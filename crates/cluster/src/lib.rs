@@ -162,7 +162,7 @@ struct Out {
     done: Option<Done>,
 }
 
-/// Acknowledged message ids kept for the reader's check ([`Link::take_acked_id`]).
+/// Message ids kept for the reader's check, per side ([`Link::check_read`]).
 const ACKED_IDS_KEPT: usize = 65_536;
 
 /// How often the connection pings its NATS server (two unanswered pings: reconnect).
@@ -358,8 +358,13 @@ pub struct Entry {
     /// The message: a batch frame, a record published alone, or an offset mark
     /// ([`frame_of`]).
     pub payload: Bytes,
-    /// The message's `Nats-Msg-Id`, if it has one.
-    pub id: Option<String>,
+    /// A digest of the message's bytes ([`digest`]).
+    pub digest: u64,
+}
+
+/// A digest of a stream message's bytes: its CRC32C and its length.
+pub fn digest(payload: &[u8]) -> u64 {
+    (u64::from(crc32c::crc32c(payload)) << 32) | (payload.len() as u64 & 0xffff_ffff)
 }
 
 /// State of the log stream.
@@ -382,9 +387,38 @@ pub struct Link {
     tx: mpsc::Sender<Out>,
     /// The highest stream sequence JetStream acknowledged to this node.
     acked: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// The messages JetStream acknowledged to this node that the replicator has not checked
-    /// yet: stream sequence and message id ([`Link::take_acked_id`]), bounded.
-    acked_ids: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, String>>>,
+    /// Message ids by stream sequence, bounded: those JetStream acknowledged to this node and
+    /// those its reader read, to compare whichever comes second ([`Link::check_read`]).
+    ids: std::sync::Arc<std::sync::Mutex<Ids>>,
+}
+
+/// What [`Link::check_read`] compares.
+#[derive(Debug, Default)]
+struct Ids {
+    /// Stream sequence to (message id, digest of what was published).
+    acked: std::collections::BTreeMap<u64, (String, u64)>,
+    /// Stream sequence to the digest of what the reader read.
+    read: std::collections::BTreeMap<u64, u64>,
+    /// The first disagreement seen, for the reader to stop on.
+    diverged: Option<String>,
+}
+
+impl Ids {
+    fn keep<V>(m: &mut std::collections::BTreeMap<u64, V>) {
+        while m.len() > ACKED_IDS_KEPT {
+            m.pop_first();
+        }
+    }
+
+    fn compare(&mut self, seq: u64, acked: &(String, u64), read: u64) {
+        if read != acked.1 && self.diverged.is_none() {
+            self.diverged = Some(format!(
+                "at stream sequence {seq} JetStream acknowledged this node's message {} \
+                 (digest {:016x}), but this node's feed gave another one (digest {read:016x})",
+                acked.0, acked.1
+            ));
+        }
+    }
 }
 
 impl std::fmt::Debug for Link {
@@ -552,7 +586,7 @@ impl Link {
             opts,
             tx,
             acked: Default::default(),
-            acked_ids: Default::default(),
+            ids: Default::default(),
         };
         let deadline = tokio::time::Instant::now() + connect_timeout;
         loop {
@@ -728,17 +762,32 @@ impl Link {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
-    /// The id of the message JetStream acknowledged to this node at stream sequence `seq`,
-    /// if this node published it (forgotten once asked, and beyond [`ACKED_IDS_KEPT`]). A
-    /// reader that finds another message at that sequence reads a log that diverged from
-    /// what JetStream acknowledged.
-    pub fn take_acked_id(&self, seq: u64) -> Option<String> {
-        let mut ids = self.acked_ids.lock().unwrap_or_else(|e| e.into_inner());
-        // Older ones were passed by the reader (it reads in order).
-        while ids.first_key_value().is_some_and(|(s, _)| *s < seq) {
-            ids.pop_first();
+    /// The reader read a message of `digest` at stream sequence `seq`: compared with what
+    /// JetStream acknowledged to this node there, now or when the ack comes (whichever is
+    /// second). `Err` once any such pair disagreed: the feed gave a log that diverged from the
+    /// acknowledged one (a nats-server that served writes it never committed).
+    pub fn check_read(&self, seq: u64, digest: u64) -> Result<(), String> {
+        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
+        match ids.acked.remove(&seq) {
+            Some(acked) => ids.compare(seq, &acked, digest),
+            None => {
+                ids.read.insert(seq, digest);
+                Ids::keep(&mut ids.read);
+            }
         }
-        ids.remove(&seq)
+        match &ids.diverged {
+            Some(why) => Err(why.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a disagreement was found ([`Link::check_read`]), and what.
+    pub fn diverged(&self) -> Option<String> {
+        self.ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .diverged
+            .clone()
     }
 
     /// The highest stream sequence JetStream acknowledged to this node so far.
@@ -848,8 +897,8 @@ impl Link {
             }
             out.push(Entry {
                 seq,
+                digest: digest(&m.message.payload),
                 payload: m.message.payload.clone(),
-                id: None,
             });
             if seq == target {
                 break;
@@ -1104,16 +1153,10 @@ impl Feed {
             Ok(i) => i.stream_sequence,
             Err(e) => return Some(Err(ClusterError::Feed(e.to_string()))),
         };
-        let id = m
-            .message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("Nats-Msg-Id"))
-            .map(|v| v.as_str().to_string());
         Some(Ok(Entry {
             seq,
+            digest: digest(&m.message.payload),
             payload: m.message.payload.clone(),
-            id,
         }))
     }
 }
@@ -1122,8 +1165,9 @@ impl Feed {
 /// callbacks of its records with their indexes, and the outcome.
 type Inflight = std::pin::Pin<
     Box<
-        dyn std::future::Future<Output = (Vec<(u32, Done)>, Result<(u64, String), ClusterError>)>
-            + Send,
+        dyn std::future::Future<
+                Output = (Vec<(u32, Done)>, Result<(u64, (String, u64)), ClusterError>),
+            > + Send,
     >,
 >;
 
@@ -1226,7 +1270,7 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
             deadline: tokio::time::Instant::now() + link.opts.publish_timeout,
         };
         inflight.push_back(Box::pin(async move {
-            let id = retry.id.clone();
+            let id = (retry.id.clone(), digest(&retry.payload));
             let r = match first {
                 // (A duplicate's ack names the sequence of the first copy.)
                 Ok(ack) => match ack.await {
@@ -1241,17 +1285,20 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
 }
 
 /// A message's outcome to the callbacks of its records.
-fn finish(link: &Link, dones: Vec<(u32, Done)>, r: Result<(u64, String), ClusterError>) {
+fn finish(link: &Link, dones: Vec<(u32, Done)>, r: Result<(u64, (String, u64)), ClusterError>) {
     match r {
         Ok((seq, id)) => {
             link.acked
                 .fetch_max(seq, std::sync::atomic::Ordering::Relaxed);
             {
-                let mut ids = link.acked_ids.lock().unwrap_or_else(|e| e.into_inner());
-                if ids.len() >= ACKED_IDS_KEPT {
-                    ids.pop_first();
+                let mut ids = link.ids.lock().unwrap_or_else(|e| e.into_inner());
+                match ids.read.remove(&seq) {
+                    Some(read) => ids.compare(seq, &id, read),
+                    None => {
+                        ids.acked.insert(seq, id);
+                        Ids::keep(&mut ids.acked);
+                    }
                 }
-                ids.insert(seq, id);
             }
             for (index, done) in dones {
                 done(Ok(Ack { seq, index }));
@@ -1342,6 +1389,20 @@ mod tests {
         }
         assert_eq!(subject_for("p", "a/b.c"), "p.a.b%2Ec");
         assert_eq!(topic_of("p", "q.a"), None);
+    }
+
+    #[test]
+    fn a_read_that_differs_from_the_ack_is_divergence_whichever_comes_first() {
+        let mut ids = Ids::default();
+        // Read first, acked later, the same bytes: fine.
+        ids.read.insert(1, digest(b"one"));
+        let read = ids.read.remove(&1).expect("read");
+        ids.compare(1, &("n-1".into(), digest(b"one")), read);
+        assert!(ids.diverged.is_none());
+        // Acked first, another message read there: divergence, named.
+        ids.compare(2, &("n-2".into(), digest(b"two")), digest(b"other"));
+        assert!(ids.diverged.as_deref().is_some_and(|w| w.contains("n-2")));
+        assert_ne!(digest(b"ab"), digest(b"abc"));
     }
 
     #[test]
