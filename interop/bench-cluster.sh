@@ -104,7 +104,7 @@ run() { # name setup port sub-port lanemq-pids [-- nats-pids]
   done
   local args=(--port "$p" --publishers 10 --subscribers 1 --payload 64 --duration "$DURATION"
     --warmup 1 --drain 10 --inflight 100 --quiet --topic-prefix "bench/$name/$setup/$r"
-    --mqtt-version 3.1.1)
+    --mqtt-version 3)
   local flood=""
   case $name in
     fanin_q1) args+=(--qos 1) ;;
@@ -114,9 +114,9 @@ run() { # name setup port sub-port lanemq-pids [-- nats-pids]
     flood_q0)
       args=(--port "$p" --publishers 1 --subscribers 1 --payload 64 --duration "$DURATION"
         --warmup 1 --drain 10 --quiet --topic-prefix "bench/$name/$setup/$r/paced" --qos 0
-        --rate 1000 --mqtt-version 3.1.1)
+        --rate 1000 --mqtt-version 3)
       "$BENCH_BIN" --port "$p" --publishers 4 --subscribers 1 --payload 64 --qos 0 \
-        --duration $((DURATION + 2)) --warmup 0 --drain 5 --quiet --mqtt-version 3.1.1 \
+        --duration $((DURATION + 2)) --warmup 0 --drain 5 --quiet --mqtt-version 3 \
         --topic-prefix "bench/$name/$setup/$r/flood" --json "$RESULTS/flooder.$setup.r$r.json" \
         >"$RESULTS/flooder.$setup.r$r.txt" 2>&1 &
       flood=$!

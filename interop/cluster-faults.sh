@@ -36,6 +36,10 @@
 #                     equal share of what is left, at most FAULTS_VERSION_MAX (default 480), and
 #                     is stopped at its end
 #   KEEP_TMP=1        keep the temp dir (nats-server, proxy and lanemq logs per version)
+#   FAULTS_KNOWN      "<version>/<scenario> ..." whose FAIL is a known defect of that
+#                     nats-server, printed as KNOWN and not counted (default: the scenarios
+#                     where Debian's nats-server 2.9.10 serves a cut-off leader's writes it
+#                     never committed, docs/cluster.md "Durability"); "" counts every FAIL
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
@@ -46,6 +50,7 @@ fi
 . interop/lib.sh
 
 NATS_VERSIONS=${NATS_VERSIONS:-debian current}
+FAULTS_KNOWN=${FAULTS_KNOWN-debian/s1_nats_isolated debian/s3_minority_partition}
 FAULTS_BUDGET=${FAULTS_BUDGET:-870}
 FAULTS_VERSION_MAX=${FAULTS_VERSION_MAX:-480}
 PY=${PY:-interop/.venv/bin/python}
@@ -231,13 +236,19 @@ for v in $NATS_VERSIONS; do
   rc=$?
   HARNESS_PID=""
   wait "$tail_pid"
+  for k in $FAULTS_KNOWN; do
+    if grep -q "^FAIL: $k " "$WORK/$v/results.txt"; then
+      sed -i "s|^FAIL: $k |KNOWN: $k |" "$WORK/$v/results.txt"
+      echo "KNOWN: $k failed as it does on this nats-server (not counted; FAULTS_KNOWN)"
+    fi
+  done
   add_results "$WORK/$v/results.txt"
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
     fail "$v/time_budget" "stopped after $share s (exit $rc)"
-  elif [ "$rc" != 0 ] && ! grep -q '^FAIL:' "$WORK/$v/results.txt"; then
+  elif [ "$rc" != 0 ] && ! grep -qE '^(FAIL|KNOWN):' "$WORK/$v/results.txt"; then
     fail "$v/harness" "cluster_faults.py exited $rc without a FAIL line"
   fi
-  if grep -q '^FAIL:' "$WORK/$v/results.txt"; then
+  if grep -qE '^(FAIL|KNOWN):' "$WORK/$v/results.txt"; then
     # Each fresh cluster of the run has its own directory c<N>.
     for f in "$WORK/$v"/c*/lanemq*/lanemq.log; do
       [ -f "$f" ] || continue

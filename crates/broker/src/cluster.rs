@@ -159,25 +159,50 @@ impl Broker {
         }
     }
 
-    /// Cluster mode's [`Broker::admit_quiet`]: QoS 0 records nobody waits for, in order. They
-    /// are paced as on a single node: when the link's queue is full, or this node's replicator
-    /// is more than [`QUIET_LAG_MAX`] messages behind what JetStream acknowledged to it, the
-    /// records are dropped and counted (`messages_dropped`, `cluster_qos0_dropped`) instead of
-    /// queueing: a flood never builds a queue that delays everyone else.
+    /// Cluster mode's [`Broker::admit_quiet`]: QoS 0 records nobody waits for, in order (the
+    /// batch of one read of one connection). They are paced as on a single node: while the
+    /// cluster's log is congested (this node's queue to JetStream holds [`QUIET_QUEUE_MAX`]
+    /// records or more, or its replicator is more than [`QUIET_LAG_MAX`] frames behind what
+    /// JetStream acknowledged to it) each publisher may hand over [`QUIET_PER_WINDOW`]
+    /// messages per [`QUIET_WINDOW`] and the rest are dropped and counted
+    /// (`cluster_qos0_dropped`): a flooding client loses most of its messages, a client at a
+    /// modest rate none. A full queue drops what does not fit.
     pub(crate) fn cluster_admit_quiet(
         &self,
         cluster: &Cluster,
         msgs: &mut [Message],
     ) -> Result<(), StoreError> {
-        let lagging = cluster
-            .link
-            .acked_seq()
-            .saturating_sub(cluster.applied_seq.load(Ordering::Relaxed))
-            > QUIET_LAG_MAX;
+        let congested = cluster.link.queued() >= QUIET_QUEUE_MAX
+            || cluster
+                .link
+                .acked_seq()
+                .saturating_sub(cluster.applied_seq.load(Ordering::Relaxed))
+                > QUIET_LAG_MAX;
+        // While congested, each publisher gets QUIET_PER_WINDOW messages per QUIET_WINDOW:
+        // the flooders lose what is above; a client at a modest rate loses nothing.
+        let allowed = if congested && !msgs.is_empty() {
+            let now = std::time::Instant::now();
+            let mut budgets = cluster
+                .quiet_budgets
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if budgets.len() > QUIET_BUDGETS_MAX {
+                budgets.retain(|_, (since, _)| now.duration_since(*since) < QUIET_WINDOW);
+            }
+            let b = budgets.entry(msgs[0].publisher.clone()).or_insert((now, 0));
+            if now.duration_since(b.0) >= QUIET_WINDOW {
+                *b = (now, 0);
+            }
+            let take = QUIET_PER_WINDOW.saturating_sub(b.1).min(msgs.len());
+            b.1 += take;
+            take
+        } else {
+            msgs.len()
+        };
         let mut dropped = 0usize;
-        for m in msgs.iter_mut() {
+        for (i, m) in msgs.iter_mut().enumerate() {
             m.forwarded = true;
-            if lagging {
+            if i >= allowed {
                 dropped += 1;
                 continue;
             }
@@ -195,7 +220,7 @@ impl Broker {
             self.stats
                 .messages_dropped
                 .fetch_add(dropped as u64, Ordering::Relaxed);
-            tracing::debug!(client_id = %msgs[0].publisher, dropped, "cluster: QoS 0 messages dropped (the cluster's log is behind)");
+            tracing::debug!(client_id = %msgs[0].publisher, dropped, "cluster: QoS 0 messages dropped (the cluster's log is congested)");
         }
         Ok(())
     }
@@ -260,9 +285,17 @@ pub fn ack_token(a: Ack) -> u64 {
     (a.seq << ACK_INDEX_BITS) | u64::from(a.index)
 }
 
-/// QoS 0 records are dropped while this node's replicator is more than this many stream
-/// messages behind what JetStream acknowledged to it.
-const QUIET_LAG_MAX: u64 = 64;
+/// The cluster's log is congested for QoS 0 while this node's replicator is more than this
+/// many stream messages behind what JetStream acknowledged to it ...
+const QUIET_LAG_MAX: u64 = 4;
+/// ... or while its queue to JetStream holds more than this many records.
+const QUIET_QUEUE_MAX: usize = 2048;
+/// While the log is congested, QoS 0 messages each publisher may hand over per window.
+const QUIET_PER_WINDOW: usize = 64;
+/// The window of [`QUIET_PER_WINDOW`].
+const QUIET_WINDOW: Duration = Duration::from_millis(10);
+/// Publishers' budgets kept before the stale ones are forgotten.
+const QUIET_BUDGETS_MAX: usize = 4096;
 
 /// Completions of local appends the replicator waits for: the local log is durable below
 /// `durable` (the callback of a message's last record sets it; the log completes in order).

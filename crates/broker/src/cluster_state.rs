@@ -45,6 +45,9 @@ pub struct Cluster {
     pub applied: std::sync::Mutex<std::collections::VecDeque<(u64, u64)>>,
     /// QoS 0 records dropped because the cluster's log was behind (pacing).
     pub qos0_dropped: AtomicU64,
+    /// While the log is congested: each QoS 0 publisher's window start and messages taken.
+    pub quiet_budgets:
+        std::sync::Mutex<std::collections::HashMap<Arc<str>, (std::time::Instant, usize)>>,
     /// The claim of each session this node owns ([`SessionRecord::claim`]).
     pub claims: std::sync::Mutex<std::collections::HashMap<Arc<str>, u64>>,
     /// The newest position of each session the log holds (`Positions` records of every
@@ -107,6 +110,7 @@ impl Cluster {
             applied_seq: AtomicU64::new(0),
             applied: Default::default(),
             qos0_dropped: AtomicU64::new(0),
+            quiet_budgets: Default::default(),
             claims: Default::default(),
             positions: Default::default(),
         })
