@@ -65,7 +65,8 @@ summary() {
 
 # --- setup -----------------------------------------------------------------------------------
 setup() {
-  if ! command -v mosquitto_sub >/dev/null 2>&1 || ! command -v mosquitto_pub >/dev/null 2>&1; then
+  if ! command -v mosquitto_sub >/dev/null 2>&1 || ! command -v mosquitto_pub >/dev/null 2>&1 ||
+    ! command -v mosquitto_passwd >/dev/null 2>&1; then
     echo "installing mosquitto-clients and mosquitto (apt)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q || return 1
