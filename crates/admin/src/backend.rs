@@ -318,8 +318,6 @@ pub struct ClusterFigures {
     pub diverged: u64,
     /// QoS 0 records dropped because the cluster's log was behind (pacing).
     pub qos0_dropped: u64,
-    /// Stream messages (batch frames) JetStream acknowledged to this node.
-    pub acked_seq: u64,
 }
 
 /// A message to publish, checked for shape (the broker checks the topic, QoS and ACL).

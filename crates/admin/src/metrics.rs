@@ -794,7 +794,6 @@ mod tests {
                 replicator_failed: 0,
                 diverged: 0,
                 qos0_dropped: 4,
-                acked_seq: 0,
             }),
             connections: 3,
             connections_hibernating: 2,

@@ -583,7 +583,6 @@ impl AdminBackend for BrokerAdmin {
             replicator_failed: u64::from(c.failed.load(Ordering::Relaxed)),
             diverged: u64::from(c.diverged.load(Ordering::Relaxed)),
             qos0_dropped: c.qos0_dropped.load(Ordering::Relaxed),
-            acked_seq: c.link.acked_seq(),
         });
         BrokerMetrics {
             cluster,

@@ -178,6 +178,17 @@ pub const BATCH_MAGIC: &[u8] = b"\0LMQB\x01";
 /// First bytes of an offset mark ([`Link::mark`]).
 pub const MARK_MAGIC: &[u8] = b"\0LMQM\x01";
 
+impl Out {
+    /// A record for a batch frame.
+    fn batched(payload: Bytes, done: Option<Done>) -> Out {
+        Out {
+            alone: None,
+            payload,
+            done,
+        }
+    }
+}
+
 /// First bytes of a batch frame whose body is compressed with zstd (frame version 2).
 pub const BATCH_ZSTD_MAGIC: &[u8] = b"\0LMQB\x02";
 
@@ -688,11 +699,7 @@ impl Link {
     /// holds it (in the order of the calls), or with the error that kept it from being stored.
     /// Waits only while `queue_records` records are queued.
     pub async fn publish(&self, payload: Bytes, done: Option<Done>) -> Result<(), ClusterError> {
-        let out = Out {
-            alone: None,
-            payload,
-            done,
-        };
+        let out = Out::batched(payload, done);
         self.tx.send(out).await.map_err(|_| ClusterError::Closed)
     }
 
@@ -703,11 +710,7 @@ impl Link {
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), (Bytes, Option<Done>)> {
-        let out = Out {
-            alone: None,
-            payload,
-            done,
-        };
+        let out = Out::batched(payload, done);
         self.tx.try_send(out).map_err(|e| {
             let out = match e {
                 mpsc::error::TrySendError::Full(o) | mpsc::error::TrySendError::Closed(o) => o,
@@ -718,11 +721,7 @@ impl Link {
 
     /// [`Link::publish`] from a thread outside the runtime (blocks while the queue is full).
     pub fn publish_blocking(&self, payload: Bytes, done: Option<Done>) -> Result<(), ClusterError> {
-        let out = Out {
-            alone: None,
-            payload,
-            done,
-        };
+        let out = Out::batched(payload, done);
         self.tx.blocking_send(out).map_err(|_| ClusterError::Closed)
     }
 
@@ -734,11 +733,7 @@ impl Link {
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), ClusterError> {
-        let out = Out {
-            alone: Some(subject_for(&self.opts.subject_prefix, topic)),
-            payload,
-            done,
-        };
+        let out = self.alone(topic, payload, done);
         self.tx.send(out).await.map_err(|_| ClusterError::Closed)
     }
 
@@ -749,12 +744,17 @@ impl Link {
         payload: Bytes,
         done: Option<Done>,
     ) -> Result<(), ClusterError> {
-        let out = Out {
+        let out = self.alone(topic, payload, done);
+        self.tx.blocking_send(out).map_err(|_| ClusterError::Closed)
+    }
+
+    /// A record published alone under the subject of `topic`.
+    fn alone(&self, topic: &str, payload: Bytes, done: Option<Done>) -> Out {
+        Out {
             alone: Some(subject_for(&self.opts.subject_prefix, topic)),
             payload,
             done,
-        };
-        self.tx.blocking_send(out).map_err(|_| ClusterError::Closed)
+        }
     }
 
     /// Records handed over and not yet taken by the sender.
