@@ -28,7 +28,7 @@ use crate::cluster_state::{Cluster, RegistryOutcome};
 use crate::ingest::Admitted;
 use crate::message::{Message, NOT_STORED};
 use bytes::Bytes;
-use lanemq_cluster::{Ack, ClusterError, Done, Frame};
+use lanemq_cluster::{Ack, ClusterError, Done, Frame, ReadCheck};
 use lanemq_store::{Callback, RecordIn, StoreError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +40,12 @@ use tracing::{error, info, warn};
 const REPORT_EVERY: Duration = Duration::from_secs(10);
 /// How long the log's feed may be silent while the stream holds unread records.
 const STALL_CHECK: Duration = Duration::from_secs(2);
+/// A feed that gives, at one sequence, a message other than the one JetStream acknowledged to
+/// this node there is opened again after this pause...
+const REREAD_PAUSE: Duration = Duration::from_millis(500);
+/// ...for at most this long: a copy that never agrees with the ack means the ack named a
+/// message the cluster's log does not hold there, and the node stops (fail-stop).
+const REREAD_MAX: Duration = Duration::from_secs(120);
 
 /// The topic of the placeholder record stored for a stream message that is not a lanemq record.
 pub const VOID_TOPIC: &str = "$lanemq/void";
@@ -416,6 +422,8 @@ async fn replicate(broker: &Arc<Broker>, start: Position) -> Result<(), String> 
     replay_lane_membership(broker, &link, upto).await;
     let mut marked = tokio::time::Instant::now();
     let mut marked_seq = 0u64;
+    // The sequence the feed last gave a message other than the acknowledged one at, since when.
+    let mut rereading: Option<(u64, tokio::time::Instant)> = None;
     loop {
         if broker.is_shutting_down() {
             return Ok(());
@@ -463,7 +471,34 @@ async fn replicate(broker: &Arc<Broker>, start: Position) -> Result<(), String> 
                 entry = feed.next() => match entry {
                     Some(Ok(e)) => {
                         last_entry = tokio::time::Instant::now();
-                        apply(broker, &mut r, e)?
+                        let seq = e.seq;
+                        if let Applied::Reread(why) = apply(broker, &mut r, e)? {
+                            let since = match rereading {
+                                Some((s, t)) if s == seq => t,
+                                _ => tokio::time::Instant::now(),
+                            };
+                            rereading = Some((seq, since));
+                            if since.elapsed() >= REREAD_MAX {
+                                cluster.diverged.store(true, Ordering::SeqCst);
+                                return Err(format!(
+                                    "the cluster's log diverged: {why}, for {} s of reading \
+                                     again; this node's log is not the cluster's (start it \
+                                     again with an empty data directory)",
+                                    REREAD_MAX.as_secs()
+                                ));
+                            }
+                            warn!(
+                                why,
+                                "cluster: the log's feed gave a message that is not the \
+                                 acknowledged one (a nats-server serving a copy it has not \
+                                 committed); reading again"
+                            );
+                            tokio::select! {
+                                _ = tokio::time::sleep(REREAD_PAUSE) => {}
+                                _ = shutdown.changed() => return Ok(()),
+                            }
+                            break;
+                        }
                     }
                     Some(Err(e)) => {
                         warn!(error = %e, "cluster: reading the log failed; reading again");
@@ -569,9 +604,13 @@ async fn replay_lane_membership(broker: &Broker, link: &lanemq_cluster::Link, up
 /// Apply one message of the stream: its records appended to the local log at their offsets
 /// (the first one carries [`HINT_CLUSTER_SEQ`]), runs of plain records under one lock of the
 /// log, with one completion callback for the message's last record.
-fn apply(broker: &Arc<Broker>, r: &mut Replica, e: lanemq_cluster::Entry) -> Result<(), String> {
+fn apply(
+    broker: &Arc<Broker>,
+    r: &mut Replica,
+    e: lanemq_cluster::Entry,
+) -> Result<Applied, String> {
     if e.seq < r.pos.seq {
-        return Ok(()); // already here (the feed was restarted)
+        return Ok(Applied::Done); // already here (the feed was restarted)
     }
     if e.seq > r.pos.seq {
         return Err(format!(
@@ -582,15 +621,20 @@ fn apply(broker: &Arc<Broker>, r: &mut Replica, e: lanemq_cluster::Entry) -> Res
     }
     if let Some(c) = broker.cluster.get() {
         // A message this node published: JetStream said where it stored it. A feed that gives
-        // something else there reads a log that diverged from the acknowledged one (a
-        // nats-server that served writes it never committed): stop rather than deliver the
-        // wrong messages.
-        if let Err(why) = c.link.check_read(e.seq, e.digest) {
-            c.diverged.store(true, Ordering::SeqCst);
-            return Err(format!(
-                "the cluster's log diverged: {why}; this node's log is not the cluster's \
-                 (start it again with an empty data directory)"
-            ));
+        // something else there is served from a copy that is not the committed one (a
+        // nats-server that served writes it never committed): nothing of it is applied, and
+        // it is read again. A message applied earlier that the ack contradicts means this log
+        // diverged: stop rather than deliver the wrong messages.
+        match c.link.check_read(e.seq, e.digest) {
+            Ok(()) => {}
+            Err(ReadCheck::Reread(why)) => return Ok(Applied::Reread(why)),
+            Err(ReadCheck::Diverged(why)) => {
+                c.diverged.store(true, Ordering::SeqCst);
+                return Err(format!(
+                    "the cluster's log diverged: {why}; this node's log is not the cluster's \
+                     (start it again with an empty data directory)"
+                ));
+            }
         }
     }
     let records = match lanemq_cluster::frame_of(e.payload) {
@@ -645,7 +689,16 @@ fn apply(broker: &Arc<Broker>, r: &mut Replica, e: lanemq_cluster::Entry) -> Res
         applied.pop_front();
     }
     applied.push_back((e.seq, base));
-    Ok(())
+    Ok(Applied::Done)
+}
+
+/// What [`apply`] did with a message of the feed.
+enum Applied {
+    /// Applied, or already here.
+    Done,
+    /// Not applied: the feed gave another message than the one JetStream acknowledged at its
+    /// sequence ([`ReadCheck::Reread`]); the feed is opened again.
+    Reread(String),
 }
 
 /// Messages of the stream whose first offset is kept for [`Broker::cluster_offset`].

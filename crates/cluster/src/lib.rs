@@ -403,6 +403,15 @@ pub struct Link {
     ids: std::sync::Arc<std::sync::Mutex<Ids>>,
 }
 
+/// Why [`Link::check_read`] refused a message the feed gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadCheck {
+    /// Not applied: read it again (from a fresh feed) until it is the acknowledged one.
+    Reread(String),
+    /// A message already applied differs from what JetStream acknowledged there.
+    Diverged(String),
+}
+
 /// What [`Link::check_read`] compares.
 #[derive(Debug, Default)]
 struct Ids {
@@ -421,15 +430,41 @@ impl Ids {
         }
     }
 
-    fn compare(&mut self, seq: u64, acked: &(String, u64), read: u64) {
-        if read != acked.1 && self.diverged.is_none() {
-            self.diverged = Some(format!(
-                "at stream sequence {seq} JetStream acknowledged this node's message {} \
-                 (digest {:016x}), but this node's feed gave another one (digest {read:016x})",
-                acked.0, acked.1
-            ));
+    /// [`Link::check_read`].
+    fn check_read(&mut self, seq: u64, digest: u64) -> Result<(), ReadCheck> {
+        if let Some(why) = &self.diverged {
+            return Err(ReadCheck::Diverged(why.clone()));
+        }
+        match self.acked.get(&seq) {
+            Some(acked) if acked.1 != digest => {
+                Err(ReadCheck::Reread(mismatch(seq, acked, digest)))
+            }
+            Some(_) => {
+                self.acked.remove(&seq);
+                Ok(())
+            }
+            None => {
+                self.read.insert(seq, digest);
+                Ids::keep(&mut self.read);
+                Ok(())
+            }
         }
     }
+
+    fn compare(&mut self, seq: u64, acked: &(String, u64), read: u64) {
+        if read != acked.1 && self.diverged.is_none() {
+            self.diverged = Some(mismatch(seq, acked, read));
+        }
+    }
+}
+
+/// What a message read at `seq` that is not the acknowledged one is called in logs.
+fn mismatch(seq: u64, acked: &(String, u64), read: u64) -> String {
+    format!(
+        "at stream sequence {seq} JetStream acknowledged this node's message {} (digest \
+         {:016x}), but this node's feed gave another one (digest {read:016x})",
+        acked.0, acked.1
+    )
 }
 
 impl std::fmt::Debug for Link {
@@ -762,23 +797,21 @@ impl Link {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
-    /// The reader read a message of `digest` at stream sequence `seq`: compared with what
-    /// JetStream acknowledged to this node there, now or when the ack comes (whichever is
-    /// second). `Err` once any such pair disagreed: the feed gave a log that diverged from the
-    /// acknowledged one (a nats-server that served writes it never committed).
-    pub fn check_read(&self, seq: u64, digest: u64) -> Result<(), String> {
-        let mut ids = self.ids.lock().unwrap_or_else(|e| e.into_inner());
-        match ids.acked.remove(&seq) {
-            Some(acked) => ids.compare(seq, &acked, digest),
-            None => {
-                ids.read.insert(seq, digest);
-                Ids::keep(&mut ids.read);
-            }
-        }
-        match &ids.diverged {
-            Some(why) => Err(why.clone()),
-            None => Ok(()),
-        }
+    /// The reader read a message of `digest` at stream sequence `seq`, not applied yet:
+    /// compared with what JetStream acknowledged to this node there, now or when the ack
+    /// comes (whichever is second).
+    ///
+    /// [`ReadCheck::Reread`] when the ack came first and names another message: the feed is
+    /// served by a nats-server whose copy is not the committed one (a leader cut off from the
+    /// others serves writes it never committed, seen on nats-server 2.9.10 right after a
+    /// partition heals). Nothing is applied; the ack is kept, so the message read again is
+    /// compared again. [`ReadCheck::Diverged`] once a message already applied turned out to
+    /// differ from the ack that came after it: this node's log is not the cluster's.
+    pub fn check_read(&self, seq: u64, digest: u64) -> Result<(), ReadCheck> {
+        self.ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .check_read(seq, digest)
     }
 
     /// Whether a disagreement was found ([`Link::check_read`]), and what.
@@ -1399,10 +1432,32 @@ mod tests {
         let read = ids.read.remove(&1).expect("read");
         ids.compare(1, &("n-1".into(), digest(b"one")), read);
         assert!(ids.diverged.is_none());
-        // Acked first, another message read there: divergence, named.
+        // Read (and applied) first, acked later as another message: divergence, named.
         ids.compare(2, &("n-2".into(), digest(b"two")), digest(b"other"));
         assert!(ids.diverged.as_deref().is_some_and(|w| w.contains("n-2")));
         assert_ne!(digest(b"ab"), digest(b"abc"));
+    }
+
+    #[test]
+    fn a_read_that_differs_from_an_earlier_ack_is_read_again_until_it_matches() {
+        let mut ids = Ids::default();
+        ids.acked.insert(5, ("n-5".into(), digest(b"five")));
+        // A stale copy served another message there: not applied, the ack is kept.
+        let r = ids.check_read(5, digest(b"stale"));
+        assert!(
+            matches!(&r, Err(ReadCheck::Reread(w)) if w.contains("n-5")),
+            "{r:?}"
+        );
+        assert!(ids.diverged.is_none());
+        // Read again from the committed copy: applied, the ack consumed.
+        assert_eq!(ids.check_read(5, digest(b"five")), Ok(()));
+        assert!(ids.acked.is_empty());
+        // A sequence without an ack is remembered for the ack to come.
+        assert_eq!(ids.check_read(6, digest(b"six")), Ok(()));
+        assert_eq!(ids.read.get(&6), Some(&digest(b"six")));
+        // Once diverged, every read is refused as such.
+        ids.compare(7, &("n-7".into(), digest(b"seven")), digest(b"x"));
+        assert!(matches!(ids.check_read(8, 0), Err(ReadCheck::Diverged(_))));
     }
 
     #[test]
