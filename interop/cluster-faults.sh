@@ -32,9 +32,11 @@
 #   FAULTS_SCENARIOS  subset, e.g. "s1 s4" (default all)
 #   FAULTS_RATE       msg/s per publisher (default 100; 6 publishers)
 #   FAULTS_FAULT_S    seconds each partition / loss / delay lasts (default 12)
-#   FAULTS_BUDGET     seconds the whole script may take (default 870); each version gets an
-#                     equal share of what is left, at most FAULTS_VERSION_MAX (default 480), and
-#                     is stopped at its end
+#   FAULTS_PARALLEL   1 (default): the versions run at the same time, each in namespaces and
+#                     on a bridge of its own; 0: one after the other
+#   FAULTS_BUDGET     seconds the whole script may take (default 870); each version gets what
+#                     is left (one after the other: an equal share of it), at most
+#                     FAULTS_VERSION_MAX (default 480), and is stopped at its end
 #   KEEP_TMP=1        keep the temp dir (nats-server, proxy and lanemq logs per version)
 #   FAULTS_KNOWN      "<version>/<scenario> ..." whose FAIL is a known defect of that
 #                     nats-server, printed as KNOWN and not counted (default: the scenarios
@@ -56,7 +58,6 @@ FAULTS_VERSION_MAX=${FAULTS_VERSION_MAX:-480}
 PY=${PY:-interop/.venv/bin/python}
 NS_PREFIX=lmqf$$
 NS_ROLES="n1 n2 n3 m1 m2 m3 h"
-HARNESS_PID=""
 
 if [ "$(id -u)" != 0 ]; then
   echo "cluster-faults needs root (network namespaces, iptables)" >&2
@@ -137,21 +138,23 @@ clean_stale() {
   done
 }
 
+# net_down PREFIX / net_up PREFIX: the namespaces of one nats-server version's run
+# (PREFIX-{h,n1..n3,m1..m3,br}); each run has its own bridge, so the runs' addresses never meet.
 net_down() {
   local r
   for r in h $NS_ROLES br; do
-    del_ns "$NS_PREFIX-$r"
+    del_ns "$1-$r"
   done
 }
 
 net_up() {
-  local br=$NS_PREFIX-br r ns
+  local br=$1-br r ns
   ip netns add "$br" || return 1
   ip -n "$br" link set lo up &&
     ip -n "$br" link add br0 type bridge &&
     ip -n "$br" link set br0 up || return 1
   for r in $NS_ROLES; do
-    ns=$NS_PREFIX-$r
+    ns=$1-$r
     ip netns add "$ns" &&
       ip -n "$ns" link set lo up &&
       ip -n "$br" link add "v$r" type veth peer name eth0 netns "$ns" &&
@@ -162,12 +165,23 @@ net_up() {
   done
 }
 
+PREFIXES=""
+HARNESS_PIDS=""
 faults_cleanup() {
-  if [ -n "$HARNESS_PID" ]; then
-    kill "$HARNESS_PID" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$HARNESS_PID" 2>/dev/null || break; sleep 0.2; done
-  fi
-  net_down
+  local pid p hp
+  # The harnesses stop their servers when told to (their namespaces' processes are killed
+  # with them anyway).
+  for p in $PREFIXES; do
+    hp=$(ip netns pids "$p-h" 2>/dev/null || true)
+    # shellcheck disable=SC2086
+    [ -n "$hp" ] && kill $hp 2>/dev/null
+  done
+  for pid in $HARNESS_PIDS; do
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  done
+  for p in $PREFIXES; do
+    net_down "$p"
+  done
 }
 faults_exit() {
   local rc=$?
@@ -180,17 +194,73 @@ trap faults_exit EXIT
 # A copy of the binary: a build that replaces it during the run changes nothing here.
 cp "$LANEMQ_BIN" "$WORK/lanemq" || exit 2
 BIN_INFO="$LANEMQ_BIN, $(date -u -r "$LANEMQ_BIN" '+%Y-%m-%dT%H:%M:%SZ'), sha256 $(sha256sum "$WORK/lanemq" | cut -c1-12)"
-
+echo "cluster-faults: lanemq $BIN_INFO"
 clean_stale
-if ! net_up; then
-  echo "could not set up the network namespaces" >&2
-  exit 2
-fi
-echo "cluster-faults: namespaces $NS_PREFIX-{$(echo "$NS_ROLES" | tr ' ' ,),br}, lanemq $BIN_INFO"
 
 # --- one run per nats-server version ----------------------------------------------------------
+# start_version V BIN SYNC SHARE: the harness of version V in the background (its namespaces
+# NS_PREFIX-V-*), writing $WORK/V/results.txt and, at its end, $WORK/V/rc.
+start_version() {
+  local v=$1 bin=$2 sync=$3 share=$4 prefix=$NS_PREFIX-$1
+  mkdir -p "$WORK/$v"
+  if ! net_up "$prefix"; then
+    net_down "$prefix"
+    fail "$v/setup" "could not set up the network namespaces $prefix-*"
+    return 1
+  fi
+  PREFIXES="$PREFIXES $prefix"
+  echo "=== nats-server $v: $("$bin" --version 2>&1 | head -1)$([ "$sync" = 1 ] && echo ', sync_interval: always'), at most $share s, namespaces $prefix-{$(echo "$NS_ROLES" | tr ' ' ,),br} ==="
+  # The harness runs in its own namespace; the servers it starts each go to theirs.
+  (
+    FAULTS_SYNC_ALWAYS=$sync ip netns exec "$prefix-h" \
+      timeout -k 15 "$share" "$PY" interop/cluster_faults.py "$v" "$bin" "$WORK/lanemq" "$WORK/$v" \
+      "$prefix" "$(($(date +%s) + share - 30))" >"$WORK/$v/results.txt" 2>&1
+    echo $? >"$WORK/$v/rc"
+  ) &
+  HARNESS_PIDS="$HARNESS_PIDS $!"
+}
+
+# finish_version V: its results, its node logs when something failed, and nothing of it left.
+finish_version() {
+  local v=$1 prefix=$NS_PREFIX-$1 rc k f r pids
+  rc=$(cat "$WORK/$v/rc" 2>/dev/null || echo 1)
+  echo
+  echo "=== nats-server $v: results ==="
+  cat "$WORK/$v/results.txt"
+  for k in $FAULTS_KNOWN; do
+    if grep -q "^FAIL: $k " "$WORK/$v/results.txt"; then
+      sed -i "s|^FAIL: $k |KNOWN: $k |" "$WORK/$v/results.txt"
+      echo "KNOWN: $k failed as it does on this nats-server (not counted; FAULTS_KNOWN)"
+    fi
+  done
+  add_results "$WORK/$v/results.txt"
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    fail "$v/time_budget" "stopped at its time budget (exit $rc)"
+  elif [ "$rc" != 0 ] && ! grep -qE '^(FAIL|KNOWN):' "$WORK/$v/results.txt"; then
+    fail "$v/harness" "cluster_faults.py exited $rc without a FAIL line"
+  fi
+  if grep -qE '^(FAIL|KNOWN):' "$WORK/$v/results.txt"; then
+    # Each fresh cluster of the run has its own directory c<N>.
+    for f in "$WORK/$v"/c*/lanemq*/lanemq.log; do
+      [ -f "$f" ] || continue
+      echo "--- $v: last 8 WARN/ERROR lines of ${f#"$WORK"/} ---"
+      sed 's/\x1b\[[0-9;]*m//g' "$f" | grep -E ' (WARN|ERROR) |panicked' | grep -v 'open files limit' | tail -n 8 | cut -c1-300
+    done
+  fi
+  for r in $NS_ROLES; do
+    [ "$r" = h ] && continue
+    pids=$(ip netns pids "$prefix-$r" 2>/dev/null || true)
+    # shellcheck disable=SC2086
+    [ -n "$pids" ] && kill -9 $pids 2>/dev/null
+  done
+}
+
+# The versions run at the same time (FAULTS_PARALLEL=1, the default: the load is light, 600
+# msg/s in all, and each run is in namespaces of its own) or one after the other.
+FAULTS_PARALLEL=${FAULTS_PARALLEL:-1}
 set -- $NATS_VERSIONS
 N_LEFT=$#
+STARTED=""
 for v in $NATS_VERSIONS; do
   case $v in
     debian) bin=$NATS_SERVER sync=0 ;;
@@ -212,59 +282,28 @@ for v in $NATS_VERSIONS; do
     continue
   fi
   left=$((T_SCRIPT + FAULTS_BUDGET - $(date +%s)))
-  share=$((left / N_LEFT))
+  if [ "$FAULTS_PARALLEL" = 1 ]; then share=$left; else share=$((left / N_LEFT)); fi
   [ "$share" -gt "$FAULTS_VERSION_MAX" ] && share=$FAULTS_VERSION_MAX
   N_LEFT=$((N_LEFT - 1))
   if [ "$share" -lt 120 ]; then
     fail "$v/setup" "not run: only $share s of the time budget left"
     continue
   fi
-  echo
-  echo "=== nats-server $v: $("$bin" --version 2>&1 | head -1)$([ "$sync" = 1 ] && echo ', sync_interval: always'), at most $share s ==="
-  mkdir -p "$WORK/$v"
-  : >"$WORK/$v/results.txt"
   t_v=$(date +%s)
-  deadline=$((t_v + share - 30))
-  # The harness runs in its own namespace; the servers it starts each go to theirs.
-  FAULTS_SYNC_ALWAYS=$sync ip netns exec "$NS_PREFIX-h" \
-    timeout -k 15 "$share" "$PY" interop/cluster_faults.py "$v" "$bin" "$WORK/lanemq" "$WORK/$v" \
-    "$NS_PREFIX" "$deadline" >"$WORK/$v/results.txt" 2>&1 &
-  HARNESS_PID=$!
-  tail -n +1 -f "$WORK/$v/results.txt" --pid="$HARNESS_PID" &
-  tail_pid=$!
-  wait "$HARNESS_PID"
-  rc=$?
-  HARNESS_PID=""
-  wait "$tail_pid"
-  for k in $FAULTS_KNOWN; do
-    if grep -q "^FAIL: $k " "$WORK/$v/results.txt"; then
-      sed -i "s|^FAIL: $k |KNOWN: $k |" "$WORK/$v/results.txt"
-      echo "KNOWN: $k failed as it does on this nats-server (not counted; FAULTS_KNOWN)"
-    fi
-  done
-  add_results "$WORK/$v/results.txt"
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-    fail "$v/time_budget" "stopped after $share s (exit $rc)"
-  elif [ "$rc" != 0 ] && ! grep -qE '^(FAIL|KNOWN):' "$WORK/$v/results.txt"; then
-    fail "$v/harness" "cluster_faults.py exited $rc without a FAIL line"
+  start_version "$v" "$bin" "$sync" "$share" || continue
+  STARTED="$STARTED $v"
+  if [ "$FAULTS_PARALLEL" != 1 ]; then
+    wait
+    finish_version "$v"
+    echo "=== nats-server $v done in $(($(date +%s) - t_v)) s ==="
   fi
-  if grep -qE '^(FAIL|KNOWN):' "$WORK/$v/results.txt"; then
-    # Each fresh cluster of the run has its own directory c<N>.
-    for f in "$WORK/$v"/c*/lanemq*/lanemq.log; do
-      [ -f "$f" ] || continue
-      echo "--- $v: last 8 WARN/ERROR lines of ${f#"$WORK"/} ---"
-      sed 's/\x1b\[[0-9;]*m//g' "$f" | grep -E ' (WARN|ERROR) |panicked' | grep -v 'open files limit' | tail -n 8 | cut -c1-300
-    done
-  fi
-  # Nothing of this version may be left running before the next one.
-  for r in $NS_ROLES; do
-    [ "$r" = h ] && continue
-    pids=$(ip netns pids "$NS_PREFIX-$r" 2>/dev/null || true)
-    # shellcheck disable=SC2086
-    [ -n "$pids" ] && kill -9 $pids 2>/dev/null
-  done
-  echo "=== nats-server $v done in $(($(date +%s) - t_v)) s ==="
 done
+if [ "$FAULTS_PARALLEL" = 1 ]; then
+  wait
+  for v in $STARTED; do
+    finish_version "$v"
+  done
+fi
 echo "cluster-faults: total $(($(date +%s) - T_SCRIPT)) s"
 summary cluster-faults
 [ "$N_FAIL" -eq 0 ]

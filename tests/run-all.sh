@@ -23,6 +23,8 @@ INTEROP_TIMEOUT=${INTEROP_TIMEOUT:-900}
 T_START=$(date +%s)
 PHASES=()   # "name|status|seconds"
 FAILED=0
+# Each phase's output also goes to a file here, for the summary to quote a failed phase.
+PHASE_LOGS=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-run-all.XXXXXX")
 
 fmt_secs() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
@@ -35,8 +37,8 @@ phase() {
   echo "=== [$name] $* ==="
   t0=$(date +%s)
   set +e
-  "$@"
-  rc=$?
+  "$@" 2>&1 | tee "$PHASE_LOGS/$name.log"
+  rc=${PIPESTATUS[0]}
   set -e
   local dt=$(($(date +%s) - t0))
   if [ "$rc" -eq 0 ]; then
@@ -60,6 +62,19 @@ summary() {
     if [ "$status" = ok ]; then n_ok=$((n_ok + 1)); else n_bad=$((n_bad + 1)); fi
   done
   echo "  total wall time: $(fmt_secs "$total")"
+  # What failed, quoted from each failed phase's output: its FAIL lines, else its last lines.
+  local pat='^(FAIL|KNOWN)|^ +FAIL \['
+  for p in "${PHASES[@]}"; do
+    IFS='|' read -r name status dt <<<"$p"
+    [ "$status" = ok ] && continue
+    echo
+    echo "--- [$name] failed:"
+    if grep -qE "$pat" "$PHASE_LOGS/$name.log" 2>/dev/null; then
+      grep -E "$pat" "$PHASE_LOGS/$name.log" | sort -u | cut -c1-600 | head -n 30
+    else
+      tail -n 20 "$PHASE_LOGS/$name.log" 2>/dev/null | cut -c1-600
+    fi
+  done
   echo "run-all: $n_ok passed, $n_bad failed"
 }
 
