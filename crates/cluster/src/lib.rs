@@ -398,6 +398,8 @@ pub struct Link {
     tx: mpsc::Sender<Out>,
     /// The highest stream sequence JetStream acknowledged to this node.
     acked: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Records the sender took from the channel whose message is not acknowledged yet.
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Message ids by stream sequence, bounded: those JetStream acknowledged to this node and
     /// those its reader read, to compare whichever comes second ([`Link::check_read`]).
     ids: std::sync::Arc<std::sync::Mutex<Ids>>,
@@ -632,6 +634,7 @@ impl Link {
             opts,
             tx,
             acked: Default::default(),
+            in_flight: Default::default(),
             ids: Default::default(),
         };
         let deadline = tokio::time::Instant::now() + connect_timeout;
@@ -795,6 +798,12 @@ impl Link {
     /// Records handed over and not yet taken by the sender.
     pub fn queued(&self) -> usize {
         self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    /// Records handed over whose message JetStream has not acknowledged yet: those queued and
+    /// those in the messages of the window.
+    pub fn unacked(&self) -> usize {
+        self.queued() + self.in_flight.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The reader read a message of `digest` at stream sequence `seq`, not applied yet:
@@ -1199,7 +1208,11 @@ impl Feed {
 type Inflight = std::pin::Pin<
     Box<
         dyn std::future::Future<
-                Output = (Vec<(u32, Done)>, Result<(u64, (String, u64)), ClusterError>),
+                Output = (
+                    Vec<(u32, Done)>,
+                    usize,
+                    Result<(u64, (String, u64)), ClusterError>,
+                ),
             > + Send,
     >,
 >;
@@ -1232,8 +1245,8 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
         if carry.is_none() && !closed && inflight.len() < window {
             tokio::select! {
                 biased;
-                Some((dones, r)) = inflight.next(), if !inflight.is_empty() => {
-                    finish(&link, dones, r);
+                Some((dones, n, r)) = inflight.next(), if !inflight.is_empty() => {
+                    finish(&link, dones, n, r);
                     continue;
                 }
                 o = rx.recv() => match o {
@@ -1244,8 +1257,8 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
         }
         if carry.is_none() || inflight.len() >= window {
             match inflight.next().await {
-                Some((dones, r)) => {
-                    finish(&link, dones, r);
+                Some((dones, n, r)) => {
+                    finish(&link, dones, n, r);
                     continue;
                 }
                 None if closed => return,
@@ -1255,10 +1268,10 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
         let Some(first) = carry.take() else { continue };
         counter += 1;
         let id = format!("{id_prefix}-{counter}");
-        let (subject, payload, dones) = match first.alone {
+        let (subject, payload, dones, n) = match first.alone {
             Some(subject) => {
                 let dones: Vec<(u32, Done)> = first.done.map(|d| (0, d)).into_iter().collect();
-                (subject, first.payload, dones)
+                (subject, first.payload, dones, 1)
             }
             None => {
                 let mut bytes = first.payload.len();
@@ -1283,9 +1296,12 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
                     batch_subject.clone(),
                     encode_frame(&records, link.opts.compress),
                     dones,
+                    records.len(),
                 )
             }
         };
+        link.in_flight
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         let first = link
             .js
             .send_publish(
@@ -1312,13 +1328,20 @@ async fn sender(link: Link, mut rx: mpsc::Receiver<Out>) {
                 },
                 Err(e) => retry.run(e.to_string()).await,
             };
-            (dones, r.map(|seq| (seq, id)))
+            (dones, n, r.map(|seq| (seq, id)))
         }));
     }
 }
 
 /// A message's outcome to the callbacks of its records.
-fn finish(link: &Link, dones: Vec<(u32, Done)>, r: Result<(u64, (String, u64)), ClusterError>) {
+fn finish(
+    link: &Link,
+    dones: Vec<(u32, Done)>,
+    n: usize,
+    r: Result<(u64, (String, u64)), ClusterError>,
+) {
+    link.in_flight
+        .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
     match r {
         Ok((seq, id)) => {
             link.acked
