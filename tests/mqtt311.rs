@@ -331,6 +331,24 @@ async fn mqtt31_mqisdp_level_3_accepted() {
 }
 
 #[tokio::test]
+async fn mqtt31_connack_never_sets_session_present_but_the_session_resumes() {
+    let srv = TestServer::default().await;
+    let mut cn = conn("old31p", false);
+    cn.protocol = ProtocolVersion::V31;
+    let (mut c, ack) = RawClient::connect_ack(srv.addr, cn.clone()).await;
+    assert!(!ack.session_present);
+    c.subscribe("v31p/t", QoS::AtLeastOnce).await;
+    c.disconnect().await;
+    // MQTT 3.1 has no Session Present flag: the second byte of the CONNACK is reserved (0),
+    // although the session (and its subscription) is there.
+    let (mut c, ack) = RawClient::connect_ack(srv.addr, cn).await;
+    assert!(!ack.session_present, "3.1 CONNACK with Session Present set");
+    let mut publ = srv.v311("old31p-pub").await;
+    publ.publish_qos1("v31p/t", b"kept").await;
+    assert_eq!(&c.recv_publish_ack().await.payload[..], b"kept");
+}
+
+#[tokio::test]
 async fn mqtt311_3_2_2_2_session_present_0_after_a_clean_session_even_at_once() {
     let srv = TestServer::default().await;
     let mut old = stalled(srv.addr, conn("c311f", true), "fill/c311f", &["c311f/t"]).await;

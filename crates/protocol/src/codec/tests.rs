@@ -612,6 +612,30 @@ fn connack_v311() {
 }
 
 #[test]
+fn connack_session_present_is_never_set_for_mqtt31_or_on_a_refusal() {
+    let present = ConnAck {
+        session_present: true,
+        ..Default::default()
+    };
+    // MQTT 3.1 (protocol level 3): the acknowledge flags byte is reserved.
+    assert_eq!(enc(&Packet::ConnAck(present.clone()), V31), [0x20, 2, 0, 0]);
+    assert_eq!(
+        enc(&Packet::ConnAck(present.clone()), V311),
+        [0x20, 2, 1, 0]
+    );
+    // A refusal never says a session is present (MQTT-3.2.2-4, MQTT-3.2.2-6).
+    let refused = ConnAck {
+        reason_code: 0x87,
+        ..present
+    };
+    assert_eq!(
+        enc(&Packet::ConnAck(refused.clone()), V311),
+        [0x20, 2, 0, 5]
+    );
+    assert_eq!(enc(&Packet::ConnAck(refused), V5)[2], 0);
+}
+
+#[test]
 fn connack_v311_encoding_maps_reason_codes_and_drops_properties() {
     let mut c = ConnAck {
         reason_code: 0x8A,

@@ -308,7 +308,12 @@ fn body<S: Sink>(packet: &Packet, version: ProtocolVersion, s: &mut S) {
     match packet {
         Packet::Connect(c) => connect(c, s),
         Packet::ConnAck(c) => {
-            s.u8(u8::from(c.session_present));
+            // MQTT 3.1 has no Session Present flag (the byte is reserved, 0); no version sets it
+            // on a refusal (MQTT-3.2.2-4, MQTT-3.2.2-6).
+            let present = c.session_present
+                && c.reason_code == reason::SUCCESS
+                && version != ProtocolVersion::V31;
+            s.u8(u8::from(present));
             if v5 {
                 s.u8(c.reason_code);
                 props(s, &c.properties);
