@@ -104,3 +104,68 @@ fn auth_methods_are_checked() {
     );
     assert!(err.contains("SCRAM needs server.password_file"), "{err}");
 }
+
+#[test]
+fn serve_validates_the_file_merged_with_the_command_line() {
+    let dir = child::TempDir::new("config-merged");
+    // A file that offers SCRAM but names no password file: refused alone...
+    let file = dir.0.join("scram.toml");
+    std::fs::write(&file, "[server]\nauth_methods = [\"SCRAM-SHA-512\"]\n").unwrap();
+    let out = run(&["check-config", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    // ...and accepted by `serve` when `--passwd` gives the password file.
+    let passwd = dir.0.join("passwd");
+    let mut p = Command::new(child::lanemq_bin())
+        .args(["passwd", passwd.to_str().unwrap(), "alice"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        p.stdin.take().unwrap().write_all(b"secret\n").unwrap();
+    }
+    assert!(p.wait().unwrap().success(), "lanemq passwd failed");
+    let log = dir.0.join("serve.log");
+    let port = child::free_port();
+    let mut serve = Command::new(child::lanemq_bin())
+        .args([
+            "serve",
+            "-c",
+            file.to_str().unwrap(),
+            "--passwd",
+            passwd.to_str().unwrap(),
+            "--data-dir",
+            dir.0.join("data").to_str().unwrap(),
+            "--mqtt",
+            &format!("127.0.0.1:{port}"),
+            "--http",
+            "off",
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let ready = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("lanemq ready") {
+            break Ok(());
+        }
+        if let Some(status) = serve.try_wait().unwrap() {
+            break Err(format!("exited with {status}:\n{text}"));
+        }
+        if std::time::Instant::now() > deadline {
+            break Err(format!("not ready within 20 s:\n{text}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = serve.kill();
+    let _ = serve.wait();
+    if let Err(why) = ready {
+        panic!("serve -c FILE --passwd PASSWD refused a configuration it completes: {why}");
+    }
+}

@@ -422,11 +422,26 @@ impl Config {
     /// Parse TOML and validate; every problem of the file at once, each with its line and
     /// key path ([`crate::config_lines`]).
     pub fn from_toml(text: &str) -> Result<Config, ConfigErrors> {
-        crate::config_lines::load(text, |c: &Config| match c.validate() {
-            Ok(()) => Vec::new(),
-            Err(ConfigErrors(v)) => v,
+        Self::from_toml_with(text, |_| {})
+    }
+
+    /// [`Config::from_toml`] with `adjust` (the command line's overrides) applied to the file
+    /// before it is validated: the configuration checked is the one the broker would run.
+    pub fn from_toml_with(
+        text: &str,
+        adjust: impl Fn(&mut Config),
+    ) -> Result<Config, ConfigErrors> {
+        let mut config = crate::config_lines::load(text, |c: &Config| {
+            let mut merged = c.clone();
+            adjust(&mut merged);
+            match merged.validate() {
+                Ok(()) => Vec::new(),
+                Err(ConfigErrors(v)) => v,
+            }
         })
-        .map_err(ConfigErrors)
+        .map_err(ConfigErrors)?;
+        adjust(&mut config);
+        Ok(config)
     }
 
     pub fn validate(&self) -> Result<(), ConfigErrors> {

@@ -205,6 +205,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn load_config(path: Option<&Path>) -> Result<Config> {
+    load_config_with(path, |_| {})
+}
+
+/// The configuration file (or the embedded default) with `adjust` applied before it is
+/// validated: the command line's overrides are part of what is checked.
+fn load_config_with(path: Option<&Path>, adjust: impl Fn(&mut Config)) -> Result<Config> {
     let text = match path {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?
@@ -215,7 +221,7 @@ fn load_config(path: Option<&Path>) -> Result<Config> {
         || "embedded default".to_string(),
         |p| p.display().to_string(),
     );
-    Config::from_toml(&text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))
+    Config::from_toml_with(&text, adjust).map_err(|e| anyhow::anyhow!("{origin}: {e}"))
 }
 
 fn check_config(file: &Path) -> Result<()> {
@@ -233,26 +239,25 @@ fn init_tracing() {
         .init();
 }
 
-fn serve(args: ServeArgs) -> Result<()> {
-    init_tracing();
-    let mut config = load_config(args.config.as_deref())?;
+/// The command line's overrides of the configuration (`serve`'s flags).
+fn apply_args(args: &ServeArgs, config: &mut Config) {
     if let Some(addr) = args.mqtt {
         config.listeners = vec![lanemq_broker::ListenerConfig {
             bind: addr,
             ..Default::default()
         }];
     }
-    if let Some(dir) = args.data_dir {
-        config.server.data_dir = dir;
+    if let Some(dir) = &args.data_dir {
+        config.server.data_dir = dir.clone();
     }
     if args.allow_anonymous {
         config.server.allow_anonymous = true;
     }
-    if let Some(f) = args.acl {
-        config.server.acl_file = Some(f);
+    if let Some(f) = &args.acl {
+        config.server.acl_file = Some(f.clone());
     }
-    if let Some(f) = args.passwd {
-        config.server.password_file = Some(f);
+    if let Some(f) = &args.passwd {
+        config.server.password_file = Some(f.clone());
     }
     match args.http {
         Some(HttpArg::Off) => config.admin.enable = false,
@@ -262,17 +267,21 @@ fn serve(args: ServeArgs) -> Result<()> {
         }
         None => {}
     }
-    if let Some(servers) = args.cluster {
+    if let Some(servers) = &args.cluster {
         config.cluster.servers = servers
-            .into_iter()
+            .iter()
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect();
     }
-    if let Some(id) = args.node_id {
-        config.cluster.node_id = id;
+    if let Some(id) = &args.node_id {
+        config.cluster.node_id = id.clone();
     }
-    config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    init_tracing();
+    let config = load_config_with(args.config.as_deref(), |c| apply_args(&args, c))?;
     match fd_limit::raise() {
         Ok((before, after)) => {
             if after > before {
