@@ -127,15 +127,34 @@ fn serve_validates_the_file_merged_with_the_command_line() {
         p.stdin.take().unwrap().write_all(b"secret\n").unwrap();
     }
     assert!(p.wait().unwrap().success(), "lanemq passwd failed");
-    let log = dir.0.join("serve.log");
-    let port = child::free_port();
-    let mut serve = Command::new(child::lanemq_bin())
-        .args([
-            "serve",
+    let ready = serve_until_ready(
+        &dir,
+        &[
             "-c",
             file.to_str().unwrap(),
             "--passwd",
             passwd.to_str().unwrap(),
+        ],
+        &[],
+    );
+    if let Err(why) = ready {
+        panic!("serve -c FILE --passwd PASSWD refused a configuration it completes: {why}");
+    }
+}
+
+/// `lanemq serve ARGS` on a free port with its own data directory, stderr to a file (not a
+/// terminal), until it logs "lanemq ready"; then stopped. Its log, or why it never got ready.
+fn serve_until_ready(
+    dir: &child::TempDir,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<String, String> {
+    let log = dir.0.join("serve.log");
+    let port = child::free_port();
+    let mut cmd = Command::new(child::lanemq_bin());
+    cmd.arg("serve")
+        .args(args)
+        .args([
             "--data-dir",
             dir.0.join("data").to_str().unwrap(),
             "--mqtt",
@@ -144,16 +163,19 @@ fn serve_validates_the_file_merged_with_the_command_line() {
             "off",
         ])
         .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+        .stderr(std::fs::File::create(&log).unwrap());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut serve = cmd.spawn().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let ready = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         if text.contains("lanemq ready") {
-            break Ok(());
+            break Ok(text);
         }
         if let Some(status) = serve.try_wait().unwrap() {
             break Err(format!("exited with {status}:\n{text}"));
@@ -165,7 +187,37 @@ fn serve_validates_the_file_merged_with_the_command_line() {
     };
     let _ = serve.kill();
     let _ = serve.wait();
-    if let Err(why) = ready {
-        panic!("serve -c FILE --passwd PASSWD refused a configuration it completes: {why}");
+    ready
+}
+
+#[test]
+fn logs_to_a_file_carry_no_colour_codes_and_json_lines_parse() {
+    // Text: no terminal, so no ANSI escape codes (the same with NO_COLOR set).
+    for env in [&[][..], &[("NO_COLOR", "1")][..]] {
+        let dir = child::TempDir::new("log-text");
+        let log = serve_until_ready(&dir, &[], env).unwrap();
+        assert!(
+            !log.contains('\x1b'),
+            "colour codes in a log file ({env:?}):\n{log}"
+        );
+        assert!(log.contains(" INFO "), "{log}");
     }
+    // JSON: one object a line, with the time, the level, the target and the message.
+    let dir = child::TempDir::new("log-json");
+    let log = serve_until_ready(&dir, &["--log-format", "json"], &[]).unwrap();
+    let mut ready = false;
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(
+            v["timestamp"].is_string() && v["level"].is_string(),
+            "{line}"
+        );
+        assert!(v["target"].is_string(), "{line}");
+        if v["fields"]["message"] == "lanemq ready" {
+            ready = true;
+            assert_eq!(v["level"], "INFO");
+        }
+    }
+    assert!(ready, "no \"lanemq ready\" event:\n{log}");
 }

@@ -152,6 +152,17 @@ struct ServeArgs {
     /// This node's name in the cluster (overrides cluster.node_id).
     #[arg(long, env = "LANEMQ_NODE_ID")]
     node_id: Option<String>,
+    /// Log lines as text (coloured only on a terminal, never with NO_COLOR set) or as one
+    /// JSON object per line, for log shippers.
+    #[arg(long, env = "LANEMQ_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// `--http`: an address, or `off`.
@@ -230,13 +241,24 @@ fn check_config(file: &Path) -> Result<()> {
     Ok(())
 }
 
-fn init_tracing() {
+/// Logs go to stderr, filtered by `RUST_LOG` (default `info`). Text is coloured only when
+/// stderr is a terminal and `NO_COLOR` is unset or empty (no-color.org); JSON is one object a
+/// line with `timestamp`, `level`, `target` and `fields`.
+fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            fmt.with_ansi(colour).init();
+        }
+        LogFormat::Json => fmt.json().with_ansi(false).init(),
+    }
 }
 
 /// The command line's overrides of the configuration (`serve`'s flags).
@@ -280,7 +302,7 @@ fn apply_args(args: &ServeArgs, config: &mut Config) {
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
-    init_tracing();
+    init_tracing(args.log_format);
     let config = load_config_with(args.config.as_deref(), |c| apply_args(&args, c))?;
     match fd_limit::raise() {
         Ok((before, after)) => {
