@@ -20,11 +20,8 @@ if [ "$INTEROP_BROKER" != lanemq ]; then
   echo "stream ACLs are a lanemq extension: no mosquitto baseline" >&2
   exit 0
 fi
-PY=${PAHO_PYTHON:-$INTEROP_ROOT/interop/.venv/bin/python}
+PY=$(paho_python) || exit 2
 HAVE_PAHO=1
-if ! "$PY" -c 'import paho.mqtt, sys; sys.exit(0 if paho.mqtt.__version__.startswith("2.") else 1)' 2>/dev/null; then
-  HAVE_PAHO=0
-fi
 
 STREAM_TOML='[admin]
 enable = false

@@ -27,6 +27,8 @@
 #   SETUPS="single cluster3 natsmqtt"
 #   RESULTS=target/bench-results/cluster-<time>
 #   LANEMQ_BIN=target/release/lanemq BENCH_BIN=target/release/lanemq-bench
+#   SKIP_BUILD=1 (otherwise: cargo build --release first; nats-server is installed from
+#   Debian's packages when missing)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 2
@@ -36,8 +38,14 @@ LANEMQ_BIN=${LANEMQ_BIN:-$ROOT/target/release/lanemq}
 BENCH_BIN=${BENCH_BIN:-$ROOT/target/release/lanemq-bench}
 RESULTS=${RESULTS:-$ROOT/target/bench-results/cluster-$(date +%Y%m%d-%H%M%S)}
 NATS_SERVER=${NATS_SERVER:-$(command -v nats-server || echo /usr/sbin/nats-server)}
-[ -x "$NATS_SERVER" ] || { echo "nats-server missing (apt-get install nats-server)" >&2; exit 2; }
-[ -x "$LANEMQ_BIN" ] && [ -x "$BENCH_BIN" ] || { echo "cargo build --release --bins first" >&2; exit 2; }
+if [ ! -x "$NATS_SERVER" ]; then
+  echo "installing nats-server (Debian)" >&2
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nats-server; } >&2
+  NATS_SERVER=$(command -v nats-server || echo /usr/sbin/nats-server)
+fi
+[ -x "$NATS_SERVER" ] || { echo "nats-server missing and apt-get install nats-server failed" >&2; exit 2; }
+[ -n "${SKIP_BUILD:-}" ] || cargo build --release -p lanemq -p lanemq-bench >&2
+[ -x "$LANEMQ_BIN" ] && [ -x "$BENCH_BIN" ] || { echo "cargo build --release -p lanemq -p lanemq-bench failed" >&2; exit 2; }
 mkdir -p "$RESULTS"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-bench-cluster.XXXXXX")
 PIDS=()

@@ -55,7 +55,6 @@ NATS_VERSIONS=${NATS_VERSIONS:-debian current}
 FAULTS_KNOWN=${FAULTS_KNOWN-debian/s1_nats_isolated debian/s3_minority_partition}
 FAULTS_BUDGET=${FAULTS_BUDGET:-870}
 FAULTS_VERSION_MAX=${FAULTS_VERSION_MAX:-480}
-PY=${PY:-interop/.venv/bin/python}
 NS_PREFIX=lmqf$$
 NS_ROLES="n1 n2 n3 m1 m2 m3 h"
 
@@ -81,15 +80,7 @@ if [[ " $NATS_VERSIONS " == *" debian "* ]] && [ ! -x "$NATS_SERVER" ]; then
   apt_install nats-server || true
   NATS_SERVER=$(command -v nats-server || echo /usr/sbin/nats-server)
 fi
-if ! "$PY" -c 'import paho.mqtt, sys; sys.exit(0 if paho.mqtt.__version__.startswith("2.") else 1)' 2>/dev/null; then
-  echo "creating interop/.venv with paho-mqtt 2.x" >&2
-  rm -rf interop/.venv
-  { python3 -m venv interop/.venv && interop/.venv/bin/pip install -q --disable-pip-version-check 'paho-mqtt==2.*'; } >&2
-fi
-if ! "$PY" -c 'import paho.mqtt' 2>/dev/null; then
-  echo "paho-mqtt missing in $PY and its install failed" >&2
-  exit 2
-fi
+PY=$(paho_python) || exit 2
 NATS_SERVER_CURRENT=${NATS_SERVER_CURRENT:-$ROOT/target/.venv-nats/bin/nats-server}
 CURRENT_INSTALL_ERR=""
 if [[ " $NATS_VERSIONS " == *" current "* ]] && ! "$NATS_SERVER_CURRENT" --version >/dev/null 2>&1; then

@@ -29,11 +29,7 @@ if [ ! -x "$NATS_SERVER" ]; then
   echo "nats-server is not installed and apt-get install nats-server failed" >&2
   exit 2
 fi
-PY=${PY:-interop/.venv/bin/python}
-if ! "$PY" -c 'import paho.mqtt' 2>/dev/null; then
-  echo "paho-mqtt missing in $PY (tests/run-all.sh creates interop/.venv)" >&2
-  exit 2
-fi
+PY=$(paho_python) || exit 2
 if [ ! -x "$LANEMQ_BIN" ]; then
   echo "broker binary $LANEMQ_BIN not found: cargo build --release -p lanemq" >&2
   exit 2

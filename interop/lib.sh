@@ -21,7 +21,6 @@ FAILED_NAMES=()
 BROKER_PID=""
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/lanemq-interop.XXXXXX")
 
-# Exit 2 unless mosquitto_pub and mosquitto_sub are installed.
 # apt_install [APT-OPTION...] PKG...: Debian packages, for scripts that install what they need;
 # a package's service is not started (a temporary policy-rc.d), output goes to stderr.
 apt_install() {
@@ -37,14 +36,38 @@ apt_install() {
   return "$rc"
 }
 
+# require_mosquitto_clients: mosquitto_pub and mosquitto_sub, installed from Debian's packages
+# when missing (mosquitto-clients); exit 2 if that fails.
 require_mosquitto_clients() {
   local tool
+  if ! command -v mosquitto_sub >/dev/null || ! command -v mosquitto_pub >/dev/null; then
+    apt_install mosquitto-clients || true
+  fi
   for tool in mosquitto_sub mosquitto_pub; do
     if ! command -v "$tool" >/dev/null; then
-      echo "$tool not found (apt-get install mosquitto-clients)" >&2
+      echo "$tool not found and apt-get install mosquitto-clients failed" >&2
       exit 2
     fi
   done
+}
+
+# paho_python: prints the python of interop/.venv with paho-mqtt 2.x (PAHO_PYTHON or PY, when
+# set, instead), creating the venv from PyPI when it is missing or holds another paho-mqtt;
+# exit 2 if that fails.
+paho_python() {
+  local py=${PAHO_PYTHON:-${PY:-$INTEROP_ROOT/interop/.venv/bin/python}}
+  local ok='import paho.mqtt, sys; sys.exit(0 if paho.mqtt.__version__.startswith("2.") else 1)'
+  if ! "$py" -c "$ok" 2>/dev/null && [ "$py" = "$INTEROP_ROOT/interop/.venv/bin/python" ]; then
+    echo "creating interop/.venv with paho-mqtt 2.x (PyPI)" >&2
+    rm -rf "$INTEROP_ROOT/interop/.venv"
+    { python3 -m venv "$INTEROP_ROOT/interop/.venv" &&
+      "$INTEROP_ROOT/interop/.venv/bin/pip" install -q --disable-pip-version-check 'paho-mqtt==2.*'; } >&2
+  fi
+  if ! "$py" -c "$ok" 2>/dev/null; then
+    echo "paho-mqtt 2.x is not available to $py and could not be installed" >&2
+    exit 2
+  fi
+  echo "$py"
 }
 
 pass() {

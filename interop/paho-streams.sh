@@ -8,18 +8,12 @@
 #
 #   bash interop/paho-streams.sh [SCENARIO_SUBSTRING...]   ("restart": the broker-restart one)
 #
-# Needs interop/.venv with paho-mqtt 2.x (tests/run-all.sh creates it):
-#   python3 -m venv interop/.venv && interop/.venv/bin/pip install 'paho-mqtt==2.*'
+# Creates interop/.venv with paho-mqtt 2.x (PyPI) when it is missing (lib.sh paho_python).
 # Environment: PAHO_PYTHON (default interop/.venv/bin/python), LANEMQ_BIN, KEEP_TMP=1 (lib.sh).
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 
-PY=${PAHO_PYTHON:-$INTEROP_ROOT/interop/.venv/bin/python}
-if ! "$PY" -c 'import paho.mqtt, sys; sys.exit(0 if paho.mqtt.__version__.startswith("2.") else 1)' 2>/dev/null; then
-  echo "paho-mqtt 2.x not available to $PY; create the venv:" >&2
-  echo "  python3 -m venv interop/.venv && interop/.venv/bin/pip install 'paho-mqtt==2.*'" >&2
-  exit 2
-fi
+PY=$(paho_python) || exit 2
 if [ "$INTEROP_BROKER" != lanemq ]; then
   echo "streams are a lanemq extension: no mosquitto baseline" >&2
   exit 0
