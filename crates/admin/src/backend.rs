@@ -86,6 +86,11 @@ pub trait AdminBackend: Send + Sync + 'static {
     fn subscriptions(&self) -> Vec<SubscriptionInfo>;
     /// Serving (false once a shutdown began): `GET /status`.
     fn running(&self) -> bool;
+    /// Why the broker cannot store messages (its log failed and refuses writes), if it
+    /// cannot: `GET /status` answers 503 with it.
+    fn storage_failure(&self) -> Option<String> {
+        None
+    }
     /// Publish as the `api` identity (`POST /publish`): the ACL applies; for QoS 1/2 the
     /// answer comes once the message is durable.
     fn publish(&self, msg: ApiPublish) -> Result<Published, PublishError>;
@@ -223,6 +228,8 @@ pub struct LogFigures {
     pub committed_offset: u64,
     /// Records waiting for the storage thread.
     pub queued_records: u64,
+    /// The log stopped taking writes after a storage error (fail-stop).
+    pub failed: bool,
     pub fsync_seconds: HistogramFigures,
     pub batch_records: HistogramFigures,
 }

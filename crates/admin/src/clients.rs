@@ -147,13 +147,20 @@ async fn list_subscriptions(
     Ok(Json(paged(items, page, limit)))
 }
 
-/// `GET /api/v5/status`: 200 and a line of text while the broker serves, 503 while it shuts
-/// down. No token.
+/// `GET /api/v5/status`: 200 and a line of text while the broker serves; 503 and why while it
+/// shuts down, or once its log refuses writes after a storage error (a supervisor reading it
+/// restarts the broker). No token.
 async fn status(State(st): State<AppState>) -> Response {
-    if st.backend.running() {
-        (StatusCode::OK, "lanemq is running\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "lanemq is shutting down\n").into_response()
+    if !st.backend.running() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "lanemq is shutting down\n").into_response();
+    }
+    match st.backend.storage_failure() {
+        None => (StatusCode::OK, "lanemq is running\n").into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("lanemq cannot store messages (restart it once the cause is fixed): {why}\n"),
+        )
+            .into_response(),
     }
 }
 

@@ -467,6 +467,13 @@ impl Collector for Scrape {
         )?;
         gauge(
             e,
+            "lanemq_log_failed",
+            "1 once the log refuses writes after a storage error (fail-stop: restart the broker).",
+            None,
+            u64::from(l.failed),
+        )?;
+        gauge(
+            e,
             "lanemq_log_segments",
             "Segment files of the log.",
             None,

@@ -852,13 +852,13 @@ fn clients_paths(paths: &mut Map<String, Value>) {
         json!({ "get": {
             "operationId": "getStatus",
             "summary": "Health check",
-            "description": "For load balancers: 200 while the broker serves, 503 once it shuts down. No token.",
+            "description": "For load balancers and supervisors: 200 while the broker serves; 503 once it shuts down, or while its log refuses writes after a storage error (the text says why; restart the broker once the cause is fixed). No token.",
             "tags": ["broker"],
             "security": [],
             "parameters": [],
             "responses": {
                 "200": { "description": "Running", "content": { "text/plain": { "schema": { "type": "string" } } } },
-                "503": { "description": "Shutting down", "content": { "text/plain": { "schema": { "type": "string" } } } }
+                "503": { "description": "Shutting down, or the log refuses writes (storage failure)", "content": { "text/plain": { "schema": { "type": "string" } } } }
             }
         } }),
     );

@@ -246,6 +246,10 @@ impl AdminBackend for BrokerAdmin {
         !self.broker.is_shutting_down()
     }
 
+    fn storage_failure(&self) -> Option<String> {
+        self.broker.persist.store.failure().map(|e| e.to_string())
+    }
+
     fn read_stream(
         &self,
         name: &str,
@@ -334,6 +338,7 @@ impl AdminBackend for BrokerAdmin {
                 "appended_records": ls.appended_records.load(Ordering::Relaxed),
                 "fsyncs": ls.fsyncs.load(Ordering::Relaxed),
                 "failed": store.failure().is_some(),
+                "failure": store.failure().map(|e| e.to_string()),
             },
         })
     }
@@ -480,6 +485,7 @@ impl AdminBackend for BrokerAdmin {
             next_offset: store.next_offset(),
             committed_offset: store.committed_offset(),
             queued_records: store.queued_records() as u64,
+            failed: store.failure().is_some(),
             fsync_seconds: hist(ls.fsync_seconds.snapshot()),
             batch_records: hist(ls.batch_records.snapshot()),
         };

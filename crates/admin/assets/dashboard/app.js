@@ -317,6 +317,14 @@
       this.renderCards(s, rates);
       this.redraw();
       $('broker-version').textContent = `lanemq ${s.version || '?'} · up ${fmtDuration(s.uptime_s)}`;
+      // A log that refuses writes (fail-stop after a storage error) stops every QoS 1/2
+      // publish: say so above everything, with the reason, until the broker is restarted.
+      const failed = s.log && s.log.failed;
+      const banner = $('storage-banner');
+      banner.hidden = !failed;
+      banner.textContent = failed
+        ? `Storage failure: the log refuses writes, so publishes fail. Fix the cause and restart lanemq. (${s.log.failure || 'no reason given'})`
+        : '';
     },
 
     renderCards(s, rates) {
