@@ -389,3 +389,85 @@ async fn mqtt5_3_3_1_3_retained_publish_racing_a_subscribe_arrives_once() {
         sub.disconnect().await;
     }
 }
+
+/// Packets of one connection take effect in the order they were sent: retained QoS 0 and QoS 1
+/// PUBLISHes written together with a SUBSCRIBE (Retain Handling 1) on the same topic are in
+/// the retained table before the subscription exists, so the subscriber gets the newest one
+/// once, as a retained message, and no live copy of any (mosquitto's
+/// `02-subpub-qos0-send-retain.py` found the second and third live; the second publish waits
+/// for the first one's fsync, and the SUBSCRIBE used to overtake it).
+#[tokio::test]
+async fn publishes_before_a_subscribe_on_one_connection_take_effect_first() {
+    let srv = TestServer::default().await;
+    for round in 0..8 {
+        let topic = format!("order/{round}");
+        let mut c = srv.v5(&format!("order-{round}")).await;
+        let mut bytes = Vec::new();
+        for (i, qos) in [
+            QoS::AtMostOnce,
+            QoS::AtMostOnce,
+            QoS::AtLeastOnce,
+            QoS::AtMostOnce,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let pid = if qos == QoS::AtMostOnce {
+                0
+            } else {
+                c.next_pid()
+            };
+            let mut p = publish(&topic, qos, pid, format!("m{i}").as_bytes());
+            p.retain = true;
+            bytes.extend(bytes_of(&Packet::Publish(p), c.version));
+        }
+        let mut o = opts(QoS::AtLeastOnce);
+        o.retain_handling = 1;
+        let sub_pid = c.next_pid();
+        bytes.extend(bytes_of(
+            &Packet::Subscribe(lanemq_protocol::Subscribe {
+                packet_id: sub_pid,
+                filters: vec![lanemq_protocol::SubscribeFilter {
+                    filter: topic.clone(),
+                    options: o,
+                }],
+                properties: Default::default(),
+            }),
+            c.version,
+        ));
+        // One write: the broker reads them together.
+        c.send_raw(&bytes).await;
+        let mut got = Vec::new();
+        let mut subacked = false;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(RECV_MS);
+        while tokio::time::Instant::now() < deadline {
+            match c.try_recv(Duration::from_millis(QUIET_MS)).await {
+                Ok(Packet::SubAck(a)) => {
+                    assert_eq!(a.packet_id, sub_pid);
+                    subacked = true;
+                }
+                Ok(Packet::PubAck(_)) => {}
+                Ok(Packet::Publish(p)) => {
+                    if p.qos != QoS::AtMostOnce {
+                        c.send(Packet::PubAck(lanemq_protocol::PubResp::new(
+                            p.packet_id,
+                            0,
+                        )))
+                        .await;
+                    }
+                    got.push((String::from_utf8_lossy(&p.payload).into_owned(), p.retain));
+                }
+                Ok(other) => panic!("round {round}: unexpected {other:?}"),
+                Err(RecvError::Timeout) if subacked => break,
+                Err(RecvError::Timeout) => {}
+                Err(e) => panic!("round {round}: {e:?}"),
+            }
+        }
+        assert!(subacked, "round {round}: no SUBACK");
+        assert_eq!(
+            got,
+            vec![("m3".to_string(), true)],
+            "round {round}: the newest retained message once, as retained, and nothing live"
+        );
+    }
+}

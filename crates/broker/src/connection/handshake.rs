@@ -360,6 +360,7 @@ impl Conn {
                 .map(|v| Box::new(crate::enhanced_auth::Live::new(v))),
             last_topic: None,
             yield_before_read: false,
+            held: false,
         };
         if resumed {
             broker

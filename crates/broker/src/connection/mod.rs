@@ -557,6 +557,10 @@ struct Conn {
     /// the CPU before more of what it cannot take is read. Never a wait: a stuck subscriber
     /// costs this client one trip through the scheduler per read.
     yield_before_read: bool,
+    /// A SUBSCRIBE or UNSUBSCRIBE waits in the read buffer until the PUBLISHes this client
+    /// sent before it took effect (were routed, and set the retained table): packets of one
+    /// connection take effect in the order they were sent. Reading pauses meanwhile.
+    held: bool,
     /// The last topic this client published on, its ACL answer and its route; taken with
     /// the first PUBLISH (a connection that only subscribes never holds one).
     last_topic: Option<Box<LastTopic>>,
@@ -1025,6 +1029,13 @@ impl Conn {
                 if let Err(c) = self.process_completions() {
                     return Exit::Close(c);
                 }
+                if self.held && !self.unrouted() {
+                    // The PUBLISHes before a held SUBSCRIBE / UNSUBSCRIBE took effect.
+                    self.held = false;
+                    if let Err(c) = self.process_input(rbuf, max_packet) {
+                        return Exit::Close(c);
+                    }
+                }
                 if let Some(kick) = self.drain() {
                     return Exit::Close(match kick {
                         Kick::TakenOver => Close {
@@ -1100,7 +1111,7 @@ impl Conn {
                             deadline.as_mut().reset(timer_at(ka_at, check_at, now));
                         }
                     }
-                    res = read_some(reader, rbuf), if paused.is_none() => {
+                    res = read_some(reader, rbuf), if paused.is_none() && !self.held => {
                         match res {
                             Ok(0) | Err(_) => return Exit::Close(Close::silent(true)),
                             Ok(n) => {
@@ -1213,6 +1224,12 @@ impl Conn {
                 // Over `max_publish_rate_per_s`: the rest waits in the buffer.
                 return Ok(());
             }
+            // A SUBSCRIBE or UNSUBSCRIBE behind PUBLISHes that wait for the store waits for
+            // them to be routed ([`Conn::held`]; the run loop goes on once they are).
+            if matches!(rbuf.first().map(|b| b >> 4), Some(8 | 10)) && self.unrouted() {
+                self.held = true;
+                return Ok(());
+            }
             match decode(rbuf, self.version, max_packet) {
                 Ok(Some(p)) => {
                     if !matches!(&p, Packet::Publish(x) if x.qos == QoS::AtMostOnce) {
@@ -1229,6 +1246,12 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Some PUBLISH of this connection is stored but not routed yet (it is routed once
+    /// durable, [`Conn::process_completions`]).
+    fn unrouted(&self) -> bool {
+        self.pending.iter().any(|p| p.msg.is_some())
     }
 
     fn handle(&mut self, p: Packet) -> Result<(), Close> {
