@@ -481,7 +481,12 @@ proptest! {
         let proto = if old { V31 } else { V311 };
         let Some(q) = to_v311(&p, proto) else { return Ok(()) };
         round_trip(&q, V311)?;
-        round_trip(&q, V31)?;
+        // MQTT 3.1 has no Session Present flag: its CONNACK carries 0 there.
+        let q31 = match &q {
+            Packet::ConnAck(c) => Packet::ConnAck(ConnAck { session_present: false, ..c.clone() }),
+            other => other.clone(),
+        };
+        round_trip(&q31, V31)?;
         // The encoder drops the v5-only fields itself: same bytes as the stripped packet.
         if !matches!(p, Packet::Connect(_)) {
             let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
