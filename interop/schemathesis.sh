@@ -44,7 +44,8 @@
 #   bash interop/schemathesis.sh
 # Environment: LANEMQ_BIN, KEEP_TMP=1 (see lib.sh; keeps the schemathesis output and its
 # reports), SCHEMATHESIS_SEED (default 1), SCHEMATHESIS_MAX_EXAMPLES (default 250),
-# SCHEMATHESIS_TIMEOUT (default 170).
+# SCHEMATHESIS_TIMEOUT (default 170), SCHEMATHESIS_EXTRA_CHECKS (checks added to the list,
+# e.g. positive_data_acceptance).
 # Exit status: the number of failed checks (2: schemathesis could not be installed).
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -58,6 +59,7 @@ CHECKS=not_a_server_error,status_code_conformance,content_type_conformance
 CHECKS+=,response_schema_conformance,response_headers_conformance,negative_data_rejection
 CHECKS+=,missing_required_header,unsupported_method,allow_header_conformance,ignored_auth
 CHECKS+=,use_after_free,object_level_authorization
+CHECKS+=${SCHEMATHESIS_EXTRA_CHECKS:+,$SCHEMATHESIS_EXTRA_CHECKS}
 
 if [ "$INTEROP_BROKER" != lanemq ]; then
   echo "the admin API is lanemq's own: no mosquitto baseline" >&2
