@@ -27,6 +27,8 @@
 #   SETUPS="single cluster3 natsmqtt"
 #   RESULTS=target/bench-results/cluster-<time>
 #   LANEMQ_BIN=target/release/lanemq BENCH_BIN=target/release/lanemq-bench
+#   CLUSTER_CONFIG=FILE  a configuration file for the three cluster nodes (a row that is not
+#   the default configuration says so)
 #   SKIP_BUILD=1 (otherwise: cargo build --release first; nats-server is installed from
 #   Debian's packages when missing)
 set -uo pipefail
@@ -91,6 +93,7 @@ NODE_PIDS=(); NODE_PORTS=()
 for i in 0 1 2; do
   p=$(port)
   "$LANEMQ_BIN" serve --mqtt "127.0.0.1:$p" --http off --data-dir "$TMP/node$i" \
+    ${CLUSTER_CONFIG:+--config "$CLUSTER_CONFIG"} \
     --cluster "$URLS" --node-id "node$i" >"$TMP/node$i.log" 2>&1 &
   NODE_PIDS+=($!); PIDS+=($!); NODE_PORTS+=($p)
   wait_port "$p" || { echo "cluster node $i did not start"; tail "$TMP/node$i.log"; exit 1; }

@@ -92,7 +92,7 @@ impl Default for ClusterConfig {
             queue_records: 16_384,
             batch_records_max: 1024,
             batch_bytes_max: 256 * 1024,
-            publish_window: 8,
+            publish_window: 2,
             compression: "zstd".into(),
             user: None,
             password: None,
