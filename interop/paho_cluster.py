@@ -346,7 +346,7 @@ def retained(nodes):
 
     # Deleted through node 2's REST API: gone on every node.
     dst, _ = rest(nodes[1], "DELETE", "/api/v5/mqtt/retainer/message/t/retained/x")
-    gone = [rest(n, "GET", "/api/v5/mqtt/retainer/message/t/retained/x")[0] for n in nodes]
+    gone = settled(nodes, "/api/v5/mqtt/retainer/message/t/retained/x", 404)
     result(
         "retained_deleted_on_every_node",
         dst in (200, 204) and gone == [404, 404, 404],
@@ -479,7 +479,7 @@ def rest_streams(nodes):
     messages with the same offsets there, and a delete through another node removes it
     everywhere."""
     st, body = rest(nodes[0], "POST", "/api/v5/streams", {"name": "viarest", "topic_filter": "v/#"})
-    gets = [rest(n, "GET", "/api/v5/stream/viarest")[0] for n in nodes]
+    gets = settled(nodes, "/api/v5/stream/viarest", 200)
     pub = client("v-pub", nodes[1].port)
     ok = publish_all(pub, "v/x", 50, 1)
     pub.disconnect()
@@ -501,7 +501,7 @@ def rest_streams(nodes):
         % (st, body[:120], gets, [len(r) for r in reads], same),
     )
     dst, _ = rest(nodes[2], "DELETE", "/api/v5/stream/viarest")
-    gone = [rest(n, "GET", "/api/v5/stream/viarest")[0] for n in nodes]
+    gone = settled(nodes, "/api/v5/stream/viarest", 404)
     dup, _ = rest(nodes[1], "POST", "/api/v5/streams", {"name": "t-dup", "topic_filter": "d/#"})
     dup2, _ = rest(nodes[2], "POST", "/api/v5/streams", {"name": "t-dup", "topic_filter": "d/#"})
     result(
@@ -519,7 +519,7 @@ def stream_auto_created(nodes):
     col = Collector()
     c = client("ac-sub", nodes[0].port, on_message=col)
     subscribe(c, "$stream/autoc/t/auto/#", 1)
-    gets = [rest(n, "GET", "/api/v5/stream/autoc")[0] for n in nodes]
+    gets = settled(nodes, "/api/v5/stream/autoc", 200)
     pub = client("ac-pub", nodes[2].port)
     ok = publish_all(pub, "t/auto/x", 20, 1)
     pub.disconnect()
@@ -544,6 +544,21 @@ def stream_auto_created(nodes):
     )
 
 
+def settled(nodes, path, want, secs=10):
+    """GET `path` on every node until each answers `want` (every node applies a registry change
+    when its replicator reaches it: the REST call answers once its own node did), at most
+    `secs` seconds; the codes last seen."""
+    end = time.time() + secs
+    codes = [None] * len(nodes)
+    for i, n in enumerate(nodes):
+        while True:
+            codes[i] = rest(n, "GET", path)[0]
+            if codes[i] == want or time.time() >= end:
+                break
+            time.sleep(0.1)
+    return codes
+
+
 def rest_parents(nodes):
     """A lite parent created through one node's REST API exists on every node from the same
     log offset on (its lanes hold the same offsets everywhere); a delete through another node
@@ -551,7 +566,7 @@ def rest_parents(nodes):
     import json
 
     st, body = rest(nodes[0], "POST", "/api/v5/lite/parents", {"name": "tasks", "pattern": "tasks/{lane}/#"})
-    gets = [rest(n, "GET", "/api/v5/lite/parents/tasks")[0] for n in nodes]
+    gets = settled(nodes, "/api/v5/lite/parents/tasks", 200)
     again, _ = rest(nodes[1], "POST", "/api/v5/lite/parents", {"name": "tasks", "pattern": "tasks/{lane}/#"})
     pub = client("p-pub", nodes[2].port)
     ok = publish_all(pub, "tasks/job-1/run", 30, 1)
@@ -575,7 +590,7 @@ def rest_parents(nodes):
         % (st, body[:120], gets, again, offsets),
     )
     dst, _ = rest(nodes[1], "DELETE", "/api/v5/lite/parents/tasks")
-    gone = [rest(n, "GET", "/api/v5/lite/parents/tasks")[0] for n in nodes]
+    gone = settled(nodes, "/api/v5/lite/parents/tasks", 404)
     result(
         "rest_parent_deleted_on_every_node",
         dst in (200, 204) and gone == [404, 404, 404],
