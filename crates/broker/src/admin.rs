@@ -304,6 +304,7 @@ impl AdminBackend for BrokerAdmin {
         let q = &b.queue_budget;
         let store = &b.persist.store;
         let ls = store.stats();
+        let failure = store.failure().map(|e| e.to_string());
         json!({
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_s": b.started.elapsed().as_secs(),
@@ -337,8 +338,8 @@ impl AdminBackend for BrokerAdmin {
                 "size_bytes": store.size_bytes(),
                 "appended_records": ls.appended_records.load(Ordering::Relaxed),
                 "fsyncs": ls.fsyncs.load(Ordering::Relaxed),
-                "failed": store.failure().is_some(),
-                "failure": store.failure().map(|e| e.to_string()),
+                "failed": failure.is_some(),
+                "failure": failure,
             },
         })
     }

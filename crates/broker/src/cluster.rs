@@ -167,9 +167,10 @@ impl Broker {
 
     /// Cluster mode's [`Broker::admit_quiet`]: QoS 0 records nobody waits for, in order (the
     /// batch of one read of one connection). They are paced as on a single node: while the
-    /// cluster's log is congested ([`QUIET_UNACKED_MAX`] records or more this node handed over
-    /// wait for JetStream's acknowledgement, or its replicator is more than [`QUIET_LAG_MAX`] frames behind what
-    /// JetStream acknowledged to it) each publisher may hand over [`QUIET_PER_WINDOW`]
+    /// cluster's log is congested ([`QUIET_UNACKED_MAX`] records or more this node handed
+    /// over wait for JetStream's acknowledgement, or its replicator is more than
+    /// [`QUIET_LAG_MAX`] frames behind what JetStream acknowledged to it) each publisher may
+    /// hand over [`QUIET_PER_WINDOW`]
     /// messages per [`QUIET_WINDOW`] and the rest are dropped and counted
     /// (`cluster_qos0_dropped`): a flooding client loses most of its messages, a client at a
     /// modest rate none. A full queue drops what does not fit.
