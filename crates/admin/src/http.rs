@@ -90,9 +90,9 @@ impl From<StreamError> for ApiError {
             StreamError::NotFound(_) => (StatusCode::NOT_FOUND, "NOT_FOUND"),
             StreamError::AlreadyExists(_) => (StatusCode::CONFLICT, "ALREADY_EXISTS"),
             StreamError::MaxStreamCount(_) => (StatusCode::BAD_REQUEST, "MAX_STREAM_COUNT_REACHED"),
-            StreamError::Invalid(_) | StreamError::Immutable(_) => {
-                (StatusCode::BAD_REQUEST, "BAD_REQUEST")
-            }
+            StreamError::Invalid(_) => (StatusCode::BAD_REQUEST, "BAD_REQUEST"),
+            // The request is well formed; it conflicts with what the stream already is.
+            StreamError::Immutable(_) => (StatusCode::CONFLICT, "CONFLICT"),
             StreamError::Disabled => (StatusCode::SERVICE_UNAVAILABLE, "SERVICE_UNAVAILABLE"),
             StreamError::Storage(_) => (StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL_ERROR"),
         };
@@ -275,7 +275,7 @@ mod tests {
                 "MAX_STREAM_COUNT_REACHED",
             ),
             (StreamError::Invalid(vec![]), 400, "BAD_REQUEST"),
-            (StreamError::Immutable("topic_filter"), 400, "BAD_REQUEST"),
+            (StreamError::Immutable("topic_filter"), 409, "CONFLICT"),
             (StreamError::Disabled, 503, "SERVICE_UNAVAILABLE"),
             (StreamError::Storage("x".into()), 500, "INTERNAL_ERROR"),
         ];

@@ -4,6 +4,57 @@
 
 use serde_json::{json, Map, Value};
 
+// What the server checks, as patterns (ECMA-262 with lookahead), so that a request the document
+// allows is accepted and one it refuses is refused.
+
+/// An MQTT topic name a publish may use: not empty, no `+`, `#` or NUL, not `$SYS` or under it.
+const TOPIC_NAME: &str = r"^(?!\$SYS(/|$))[^+#\u0000]+$";
+/// An MQTT topic filter: `#` last and alone in its level, `+` alone in its level, no NUL.
+const FILTER: &str =
+    r"^(#|([^/+#\u0000]+|\+)(/([^/+#\u0000]*|\+))*(/#)?|(/([^/+#\u0000]*|\+))+(/#)?)$";
+/// A named stream's filter: an MQTT filter, not a shared subscription's or a `$stream` one.
+const STREAM_FILTER: &str = r"^(?!\$share/|\$queue/|\$stream/|\$s/|\$stream$)(#|([^/+#\u0000]+|\+)(/([^/+#\u0000]*|\+))*(/#)?|(/([^/+#\u0000]*|\+))+(/#)?)$";
+/// A lite parent's pattern: exactly one `{lane}` level, literal levels and `+` around it, a
+/// trailing `#` after it, not starting with `$`.
+const LITE_PATTERN: &str = r"^(?!\$)((\+|[^/+#{}\u0000]*)/)*\{lane\}(/(\+|[^/+#{}\u0000]*))*(/#)?$";
+/// A stream read's `offset`: empty (earliest), `earliest`, `latest` (any case), a timestamp or
+/// `@` and a position, up to 19 digits.
+const OFFSET: &str =
+    r"^(|[Ee][Aa][Rr][Ll][Ii][Ee][Ss][Tt]|[Ll][Aa][Tt][Ee][Ss][Tt]|@?[0-9]{1,19})$";
+/// A duration as text: 1-10 digits and a unit (`ms`, `s`, `m`, `h`, `d`, `w`; none: seconds).
+const DURATION: &str = r"^[0-9]{1,10}(ms|s|m|h|d|w)?$";
+/// ... above zero.
+const DURATION_POSITIVE: &str = r"^(?=[0-9]{1,10}(ms|s|m|h|d|w)?$)0*[1-9]";
+/// ... at least one second.
+const DURATION_1S: &str =
+    r"^(?=[0-9]{1,10}(ms|s|m|h|d|w)?$)(0*[1-9][0-9]{3,}ms|0*[1-9][0-9]*(s|m|h|d|w)?)$";
+/// A count or byte limit as text: `infinity` (any case) or 1-10 digits above zero with an
+/// optional unit `B`, `KB`, `MB`, `GB` (any case).
+const LIMIT: &str = r"^([Ii][Nn][Ff][Ii][Nn][Ii][Tt][Yy]|(?=[0-9]{1,10}([KkMmGg]?[Bb])?$)0*[1-9][0-9]*([KkMmGg]?[Bb])?)$";
+/// Canonical, padded base64 (the bits past the last byte zero).
+const BASE64: &str =
+    r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=|[A-Za-z0-9+/][AQgw]==)?$";
+/// A stream name.
+const STREAM_NAME: &str = r"^[0-9a-zA-Z][-.0-9a-zA-Z_]*$";
+/// A lite parent name.
+const PARENT_NAME: &str = r"^[A-Za-z0-9_.-]{1,64}$";
+
+/// A duration as the server writes it in answers.
+fn duration_out() -> Value {
+    json!({ "type": "string", "pattern": "^[0-9]+(ms|s|m|h|d)$", "example": "7d" })
+}
+
+/// A duration: text matching `text` or milliseconds from `min_ms`.
+fn duration(text: &str, min_ms: u64) -> Value {
+    json!({
+        "oneOf": [
+            { "type": "string", "pattern": text, "example": "7d",
+              "description": "number (1-10 digits) and unit: ms, s, m, h, d, w (none: s)" },
+            { "type": "integer", "minimum": min_ms, "maximum": u64::MAX, "description": "milliseconds" }
+        ]
+    })
+}
+
 fn schema_ref(name: &str) -> Value {
     json!({ "$ref": format!("#/components/schemas/{name}") })
 }
@@ -123,8 +174,8 @@ fn tag_of(id: &str) -> &'static str {
 fn name_param() -> Value {
     json!([{
         "name": "name", "in": "path", "required": true,
-        "description": "Stream name (`^[0-9a-zA-Z][-.0-9a-zA-Z_]*$`)",
-        "schema": { "type": "string" }
+        "description": "Stream name",
+        "schema": { "type": "string", "pattern": STREAM_NAME, "maxLength": 255 }
     }])
 }
 
@@ -173,7 +224,7 @@ fn stream_messages_item(alias: bool) -> Value {
             "Where to start, as the MQTT `stream-offset` user property: `earliest` (default), \
              `latest`, a Unix timestamp in microseconds, or `@N` (after position `N`; a page's \
              `next` value)",
-            json!({ "type": "string" }),
+            json!({ "type": "string", "pattern": OFFSET }),
         ));
         a.push(query_param(
             "limit",
@@ -216,11 +267,14 @@ fn stream_item(alias: bool) -> Value {
             "Update a stream",
             "Replaces the whole definition. `name` in the body may be omitted (the path name \
              is used) and otherwise must equal the path name; `topic_filter` and \
-             `is_lastvalue` cannot change (400).",
+             `is_lastvalue` cannot change (409 CONFLICT).",
             name_param(),
             Some(schema_ref("StreamUpdate")),
             ("200", ok("The updated stream", schema_ref("StreamInfo"))),
-            &[("404", err("No stream of that name", &["NOT_FOUND"]))],
+            &[
+                ("404", err("No stream of that name", &["NOT_FOUND"])),
+                ("409", err("`topic_filter` or `is_lastvalue` differs from the stream's", &["CONFLICT"])),
+            ],
         ),
         "delete": op(
             &format!("deleteStream{sfx}"),
@@ -243,7 +297,7 @@ fn config_item(alias: bool) -> Value {
             "The settings in force.",
             json!([]),
             None,
-            ("200", ok("The settings", schema_ref("GlobalSettings"))),
+            ("200", ok("The settings", schema_ref("GlobalSettingsInfo"))),
             &[],
         ),
         "put": op(
@@ -253,7 +307,7 @@ fn config_item(alias: bool) -> Value {
              settings now in force (EMQX answers 204 without a body).",
             json!([]),
             Some(schema_ref("GlobalSettings")),
-            ("200", ok("The new settings", schema_ref("GlobalSettings"))),
+            ("200", ok("The new settings", schema_ref("GlobalSettingsInfo"))),
             &[],
         ),
     })
@@ -262,8 +316,8 @@ fn config_item(alias: bool) -> Value {
 fn parent_param() -> Value {
     json!({
         "name": "name", "in": "path", "required": true,
-        "description": "Lite parent name (`[A-Za-z0-9_.-]{1,64}`)",
-        "schema": { "type": "string" }
+        "description": "Lite parent name",
+        "schema": { "type": "string", "pattern": PARENT_NAME }
     })
 }
 
@@ -473,16 +527,16 @@ fn lanes_paths(paths: &mut Map<String, Value>) {
 
 fn lanes_schemas(s: &mut Value) {
     let def = json!({
-        "name": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$" },
-        "pattern": { "type": "string", "example": "agents/{lane}/#",
+        "name": { "type": "string", "pattern": PARENT_NAME },
+        "pattern": { "type": "string", "example": "agents/{lane}/#", "pattern": LITE_PATTERN, "maxLength": 65535,
                      "description": "topic pattern with exactly one `{lane}` level; literal levels, `+`, a trailing `#`; not starting with `$`" },
         "key_levels": { "type": "integer", "minimum": 1, "maximum": 16, "default": 1,
                         "description": "topic levels the lane key spans, from `{lane}` (joined by `/`)" },
         "ttl_s": { "type": "integer", "minimum": 1, "maximum": 2592000, "default": 3600,
                    "description": "a lane expires after this many seconds without a publish" },
         "mode": { "type": "string", "enum": ["shared", "exclusive"], "default": "shared" },
-        "max_attempts": { "type": "integer", "minimum": 1, "default": 16 },
-        "max_lanes": { "type": "integer", "minimum": 1, "default": 10000000,
+        "max_attempts": { "type": "integer", "minimum": 1, "maximum": u32::MAX, "default": 16 },
+        "max_lanes": { "type": "integer", "minimum": 1, "maximum": u64::MAX, "default": 10000000,
                        "description": "a publish creating one more lane is refused (PUBACK 0x97)" },
         "max_key_bytes": { "type": "integer", "minimum": 1, "maximum": 65535, "default": 64,
                            "description": "a longer key is refused (PUBACK 0x90)" },
@@ -593,25 +647,24 @@ fn lanes_schemas(s: &mut Value) {
 }
 
 fn schemas() -> Value {
-    let duration = json!({
-        "oneOf": [
-            { "type": "string", "example": "7d", "description": "number and unit: ms, s, m, h, d, w" },
-            { "type": "integer", "minimum": 0, "description": "milliseconds" }
-        ]
-    });
     let limit = json!({
         "oneOf": [
-            { "type": "string", "example": "infinity", "description": "\"infinity\", or bytes with KB/MB/GB" },
-            { "type": "integer", "minimum": 1 }
+            { "type": "string", "example": "infinity", "pattern": LIMIT,
+              "description": "\"infinity\", or a number (1-10 digits) with B, KB, MB or GB" },
+            { "type": "integer", "minimum": 1, "maximum": u64::MAX }
         ],
         "default": "infinity"
     });
+    let key_expression = json!({ "type": "string", "format": "key-expression", "default": "message.from",
+        "description": "message.from, message.topic, message.username, message.qos, \
+                        message.user_property.<name>, message.topic.<level>, \
+                        payload.<JSON path from $> or json_value(message.payload,'a.b')" });
     let def_props = json!({
-        "name": { "type": "string", "pattern": "^[0-9a-zA-Z][-.0-9a-zA-Z_]*$", "maxLength": 255 },
-        "topic_filter": { "type": "string", "description": "MQTT topic filter (fixed after creation)" },
+        "name": { "type": "string", "pattern": STREAM_NAME, "maxLength": 255 },
+        "topic_filter": { "type": "string", "pattern": STREAM_FILTER, "description": "MQTT topic filter (fixed after creation)" },
         "is_lastvalue": { "type": "boolean", "default": false, "description": "fixed after creation" },
-        "key_expression": { "type": "string", "default": "message.from" },
-        "data_retention_period": duration.clone(),
+        "key_expression": key_expression.clone(),
+        "data_retention_period": duration(DURATION_POSITIVE, 1),
         "limits": {
             "type": "object", "additionalProperties": false,
             "properties": { "max_message_count": limit.clone(), "max_message_bytes": limit }
@@ -619,8 +672,41 @@ fn schemas() -> Value {
         "read_max_unacked": { "type": "integer", "minimum": 1, "maximum": 65535, "default": 1000 }
     });
     let mut info_props = def_props.clone();
+    // What the server answers: any number of digits (an integer set in ms comes back as text).
+    info_props["data_retention_period"] = duration_out();
     info_props["created_at_us"] = json!({ "type": "integer", "description": "Unix µs" });
     info_props["stats"] = schema_ref("StreamStats");
+    let settings = json!({
+        "type": "object", "additionalProperties": false,
+        "properties": {
+            "enable": { "type": "boolean", "default": true },
+            "max_stream_count": { "type": "integer", "minimum": 1, "maximum": u32::MAX, "default": 1000 },
+            "gc_interval": duration(DURATION_1S, 1000),
+            "regular_stream_retention_period": duration(DURATION_POSITIVE, 1),
+            "check_stream_status_interval": duration(DURATION, 0),
+            "auto_create": {
+                "type": "object", "additionalProperties": false,
+                "properties": {
+                    "regular": { "type": "boolean", "default": false },
+                    "lastvalue": {
+                        "oneOf": [
+                            { "type": "boolean" },
+                            { "type": "object", "additionalProperties": false,
+                              "properties": { "key_expression": key_expression } }
+                        ]
+                    }
+                }
+            }
+        }
+    });
+    let mut settings_out = settings.clone();
+    for k in [
+        "gc_interval",
+        "regular_stream_retention_period",
+        "check_stream_status_interval",
+    ] {
+        settings_out["properties"][k] = duration_out();
+    }
     json!({
         "Error": {
             "type": "object", "required": ["code", "message"],
@@ -661,29 +747,8 @@ fn schemas() -> Value {
                 }
             }
         },
-        "GlobalSettings": {
-            "type": "object", "additionalProperties": false,
-            "properties": {
-                "enable": { "type": "boolean", "default": true },
-                "max_stream_count": { "type": "integer", "minimum": 1, "default": 1000 },
-                "gc_interval": duration.clone(),
-                "regular_stream_retention_period": duration.clone(),
-                "check_stream_status_interval": duration,
-                "auto_create": {
-                    "type": "object", "additionalProperties": false,
-                    "properties": {
-                        "regular": { "type": "boolean", "default": false },
-                        "lastvalue": {
-                            "oneOf": [
-                                { "type": "boolean" },
-                                { "type": "object", "additionalProperties": false,
-                                  "properties": { "key_expression": { "type": "string" } } }
-                            ]
-                        }
-                    }
-                }
-            }
-        },
+        "GlobalSettings": settings.clone(),
+        "GlobalSettingsInfo": settings_out,
         "StreamMessages": {
             "type": "object", "required": ["data", "next"],
             "properties": {
@@ -919,7 +984,7 @@ fn retainer_paths(paths: &mut Map<String, Value>) {
     params.push(query_param(
         "topic",
         "Only topics that match this MQTT filter",
-        json!({ "type": "string" }),
+        json!({ "type": "string", "pattern": FILTER }),
     ));
     paths.insert(
         "/api/v5/mqtt/retainer/messages".into(),
@@ -977,9 +1042,16 @@ fn publish_schemas(s: &mut Value) {
         "type": "object",
         "additionalProperties": false,
         "required": ["topic"],
+        "oneOf": [
+            { "required": ["payload_encoding"],
+              "properties": { "payload_encoding": { "enum": ["base64"] },
+                              "payload": { "type": "string", "pattern": BASE64 } } },
+            { "properties": { "payload_encoding": { "enum": ["plain", null], "nullable": true } } }
+        ],
         "properties": {
-            "topic": { "type": "string" },
-            "payload": { "type": "string", "default": "" },
+            "topic": { "type": "string", "pattern": TOPIC_NAME },
+            "payload": { "type": "string", "default": "",
+                         "description": "the payload as text, or base64 (padded) when payload_encoding is base64" },
             "payload_encoding": { "type": "string", "enum": ["plain", "base64", null], "nullable": true, "default": "plain" },
             "qos": { "type": "integer", "enum": [0, 1, 2], "default": 0 },
             "retain": { "type": "boolean", "default": false },

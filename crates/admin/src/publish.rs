@@ -72,6 +72,13 @@ impl Body {
         if self.qos > 2 {
             return Err(format!("qos {}: must be 0, 1 or 2", self.qos));
         }
+        // What the document's pattern states (the broker checks it again with the rest).
+        if self.topic.is_empty() || self.topic.contains(['+', '#', '\0']) {
+            return Err(format!("{:?} is not a valid topic name", self.topic));
+        }
+        if self.topic == "$SYS" || self.topic.starts_with("$SYS/") {
+            return Err("$SYS topics are the broker's own".into());
+        }
         let payload = match self.payload_encoding.as_deref().unwrap_or("plain") {
             "plain" => self.payload.into_bytes(),
             "base64" => base64::engine::general_purpose::STANDARD

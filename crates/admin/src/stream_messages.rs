@@ -25,6 +25,8 @@ use crate::http::{blocking, path_name, ApiError, AppState};
 pub const READ_LIMIT_DEFAULT: usize = 100;
 /// Largest page.
 pub const READ_LIMIT_MAX: usize = 1000;
+/// The most digits of an `offset` (a timestamp or a position), as the document states.
+pub const OFFSET_DIGITS_MAX: usize = 19;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,9 +105,19 @@ async fn read(
             "limit must be between 1 and {READ_LIMIT_MAX}"
         )));
     }
-    let start = match q.offset.as_deref().map(str::trim) {
+    let start = match q.offset.as_deref() {
         None | Some("") => StartFrom::Earliest,
-        Some(o) => parse_offset(o).map_err(|e| ApiError::bad_request(format!("offset: {e}")))?,
+        Some(o) => {
+            // The document's pattern: nothing around the value, at most 19 digits.
+            let digits = o.strip_prefix('@').unwrap_or(o);
+            if o.trim() != o || digits.len() > OFFSET_DIGITS_MAX {
+                return Err(ApiError::bad_request(format!(
+                    "offset {o:?}: expected earliest, latest, a Unix timestamp in microseconds \
+                     or @<position> (at most {OFFSET_DIGITS_MAX} digits, no spaces)"
+                )));
+            }
+            parse_offset(o).map_err(|e| ApiError::bad_request(format!("offset: {e}")))?
+        }
     };
     let b = st.backend;
     let page = blocking(move || b.read_stream(&name, start, limit)).await??;

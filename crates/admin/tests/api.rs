@@ -591,8 +591,8 @@ fn update_replaces_the_definition_and_keeps_the_filter_fixed() {
             "/api/v5/stream/u",
             Some(r#"{"topic_filter":"other"}"#),
         ),
-        400,
-        "BAD_REQUEST",
+        409,
+        "CONFLICT",
     );
     assert!(msg.contains("topic_filter"), "{msg}");
 }

@@ -13,6 +13,10 @@ pub const NAME_LEN_MAX: usize = 255;
 /// Largest `read_max_unacked` accepted.
 pub const READ_MAX_UNACKED_MAX: u32 = 65_535;
 
+/// The most digits a duration or limit written as text may have: with any unit the value
+/// still fits 64 bits (9,999,999,999 weeks in milliseconds, or GB in bytes).
+pub const NUMBER_DIGITS_MAX: usize = 10;
+
 /// A duration written as EMQX writes it: `"7d"`, `"1h"`, `"30m"`, `"10s"`, `"500ms"`
 /// (an integer is milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -23,8 +27,11 @@ impl SpecDuration {
         SpecDuration(Duration::from_secs(s))
     }
 
+    /// `<digits><unit>` with 1 to [`NUMBER_DIGITS_MAX`] digits and a unit of `ms`, `s`, `m`,
+    /// `h`, `d` or `w` (none: seconds), nothing around them: the grammar the REST API's
+    /// OpenAPI document states as a pattern.
     pub fn parse(s: &str) -> Result<SpecDuration, String> {
-        let t = s.trim();
+        let t = s;
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         if num.is_empty() {
@@ -32,10 +39,15 @@ impl SpecDuration {
                 "invalid duration {s:?}: expected a number and a unit (7d, 1h, 30m, 10s, 500ms)"
             ));
         }
+        if num.len() > NUMBER_DIGITS_MAX {
+            return Err(format!(
+                "invalid duration {s:?}: at most {NUMBER_DIGITS_MAX} digits"
+            ));
+        }
         let n: u64 = num
             .parse()
             .map_err(|_| format!("invalid duration {s:?}: number too large"))?;
-        let ms_per: u64 = match unit.trim() {
+        let ms_per: u64 = match unit {
             "ms" => 1,
             "" | "s" => 1000,
             "m" => 60_000,
@@ -114,17 +126,24 @@ impl Limit {
         }
     }
 
+    /// `infinity` (any case), or 1 to [`NUMBER_DIGITS_MAX`] digits with an optional unit `B`,
+    /// `KB`, `MB`, `GB` (any case), nothing around them.
     pub fn parse(s: &str) -> Result<Limit, String> {
-        let t = s.trim();
+        let t = s;
         if t.eq_ignore_ascii_case("infinity") {
             return Ok(Limit::Infinity);
         }
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
+        if num.len() > NUMBER_DIGITS_MAX {
+            return Err(format!(
+                "invalid limit {s:?}: at most {NUMBER_DIGITS_MAX} digits"
+            ));
+        }
         let n: u64 = num
             .parse()
             .map_err(|_| format!("invalid limit {s:?}: expected a number or \"infinity\""))?;
-        let mul: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        let mul: u64 = match unit.to_ascii_uppercase().as_str() {
             "" | "B" => 1,
             "KB" => 1 << 10,
             "MB" => 1 << 20,
@@ -515,6 +534,13 @@ mod tests {
             assert_eq!(SpecDuration::parse(&d.to_string()).expect("reparses"), d);
         }
         assert!(SpecDuration::parse("7 days").is_err());
+        assert!(SpecDuration::parse(" 7d").is_err());
+        assert!(SpecDuration::parse("7 d").is_err());
+        assert_eq!(
+            SpecDuration::parse("9999999999w").map(|d| d.as_millis()),
+            Ok(9_999_999_999 * 604_800_000)
+        );
+        assert!(SpecDuration::parse("00000000001s").is_err());
         assert!(SpecDuration::parse("h").is_err());
     }
 
@@ -543,6 +569,9 @@ mod tests {
         assert_eq!(Limit::parse("infinity"), Ok(Limit::Infinity));
         assert_eq!(Limit::parse("10MB"), Ok(Limit::Max(10 << 20)));
         assert!(Limit::parse("ten").is_err());
+        assert!(Limit::parse(" 10MB").is_err());
+        assert_eq!(Limit::parse("10mb"), Ok(Limit::Max(10 << 20)));
+        assert!(Limit::parse("99999999999").is_err());
         let l: Limits =
             serde_json::from_str(r#"{"max_message_count":5,"max_message_bytes":"1KB"}"#)
                 .expect("valid");
