@@ -628,7 +628,7 @@ fn apply(
         // nats-server that served writes it never committed): nothing of it is applied, and
         // it is read again. A message applied earlier that the ack contradicts means this log
         // diverged: stop rather than deliver the wrong messages.
-        match c.link.check_read(e.seq, e.digest) {
+        match c.link.check_read(e.seq, e.digest, e.id.as_deref()) {
             Ok(()) => {}
             Err(ReadCheck::Reread(why)) => return Ok(Applied::Reread(why)),
             Err(ReadCheck::Diverged(why)) => {

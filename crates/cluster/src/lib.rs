@@ -371,6 +371,16 @@ pub struct Entry {
     pub payload: Bytes,
     /// A digest of the message's bytes ([`digest`]).
     pub digest: u64,
+    /// The message's `Nats-Msg-Id` (every message a lanemq node publishes has one).
+    pub id: Option<String>,
+}
+
+/// The `Nats-Msg-Id` header of a message read from the stream.
+fn msg_id(m: &async_nats::Message) -> Option<String> {
+    m.headers
+        .as_ref()?
+        .get(async_nats::header::NATS_MESSAGE_ID)
+        .map(|v| v.as_str().to_string())
 }
 
 /// A digest of a stream message's bytes: its CRC32C and its length.
@@ -421,6 +431,10 @@ struct Ids {
     acked: std::collections::BTreeMap<u64, (String, u64)>,
     /// Stream sequence to the digest of what the reader read.
     read: std::collections::BTreeMap<u64, u64>,
+    /// The message ids the reader accepted, with their sequence (the newest
+    /// [`ACKED_IDS_KEPT`], oldest first in `seen_order`).
+    seen: std::collections::HashMap<String, u64>,
+    seen_order: std::collections::VecDeque<String>,
     /// The first disagreement seen, for the reader to stop on.
     diverged: Option<String>,
 }
@@ -433,24 +447,43 @@ impl Ids {
     }
 
     /// [`Link::check_read`].
-    fn check_read(&mut self, seq: u64, digest: u64) -> Result<(), ReadCheck> {
+    fn check_read(&mut self, seq: u64, digest: u64, id: Option<&str>) -> Result<(), ReadCheck> {
         if let Some(why) = &self.diverged {
             return Err(ReadCheck::Diverged(why.clone()));
         }
-        match self.acked.get(&seq) {
-            Some(acked) if acked.1 != digest => {
-                Err(ReadCheck::Reread(mismatch(seq, acked, digest)))
-            }
-            Some(_) => {
-                self.acked.remove(&seq);
-                Ok(())
-            }
-            None => {
-                self.read.insert(seq, digest);
-                Ids::keep(&mut self.read);
-                Ok(())
+        if let Some(acked) = self.acked.get(&seq) {
+            if acked.1 != digest {
+                return Err(ReadCheck::Reread(mismatch(seq, acked, digest)));
             }
         }
+        // JetStream stores one message per id (its duplicate window is longer than a
+        // publish is retried): an id read a second time, at another sequence, comes from a
+        // copy of the stream that holds a message the stream never committed there.
+        if let Some(id) = id {
+            match self.seen.get(id) {
+                Some(&first) if first != seq => {
+                    return Err(ReadCheck::Reread(format!(
+                        "at stream sequence {seq} the feed gave message {id} again, which it \
+                         gave at sequence {first} (JetStream stores one message per id)"
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    self.seen.insert(id.to_string(), seq);
+                    self.seen_order.push_back(id.to_string());
+                    while self.seen_order.len() > ACKED_IDS_KEPT {
+                        if let Some(old) = self.seen_order.pop_front() {
+                            self.seen.remove(&old);
+                        }
+                    }
+                }
+            }
+        }
+        if self.acked.remove(&seq).is_none() {
+            self.read.insert(seq, digest);
+            Ids::keep(&mut self.read);
+        }
+        Ok(())
     }
 
     fn compare(&mut self, seq: u64, acked: &(String, u64), read: u64) {
@@ -814,13 +847,17 @@ impl Link {
     /// served by a nats-server whose copy is not the committed one (a leader cut off from the
     /// others serves writes it never committed, seen on nats-server 2.9.10 right after a
     /// partition heals). Nothing is applied; the ack is kept, so the message read again is
-    /// compared again. [`ReadCheck::Diverged`] once a message already applied turned out to
-    /// differ from the ack that came after it: this node's log is not the cluster's.
-    pub fn check_read(&self, seq: u64, digest: u64) -> Result<(), ReadCheck> {
+    /// compared again. Also [`ReadCheck::Reread`] when the message's id (`id`, its
+    /// `Nats-Msg-Id`) was read before at another sequence: JetStream stores one message per
+    /// id, so that copy holds a duplicate the stream never committed (a publish retried on the
+    /// new leader after the cut-off one had stored it). [`ReadCheck::Diverged`] once a message
+    /// already applied turned out to differ from the ack that came after it: this node's log
+    /// is not the cluster's.
+    pub fn check_read(&self, seq: u64, digest: u64, id: Option<&str>) -> Result<(), ReadCheck> {
         self.ids
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .check_read(seq, digest)
+            .check_read(seq, digest, id)
     }
 
     /// Whether a disagreement was found ([`Link::check_read`]), and what.
@@ -939,6 +976,7 @@ impl Link {
             }
             out.push(Entry {
                 seq,
+                id: msg_id(&m.message),
                 digest: digest(&m.message.payload),
                 payload: m.message.payload.clone(),
             });
@@ -1197,6 +1235,7 @@ impl Feed {
         };
         Some(Ok(Entry {
             seq,
+            id: msg_id(&m.message),
             digest: digest(&m.message.payload),
             payload: m.message.payload.clone(),
         }))
@@ -1466,21 +1505,48 @@ mod tests {
         let mut ids = Ids::default();
         ids.acked.insert(5, ("n-5".into(), digest(b"five")));
         // A stale copy served another message there: not applied, the ack is kept.
-        let r = ids.check_read(5, digest(b"stale"));
+        let r = ids.check_read(5, digest(b"stale"), Some("n-5"));
         assert!(
             matches!(&r, Err(ReadCheck::Reread(w)) if w.contains("n-5")),
             "{r:?}"
         );
         assert!(ids.diverged.is_none());
         // Read again from the committed copy: applied, the ack consumed.
-        assert_eq!(ids.check_read(5, digest(b"five")), Ok(()));
+        assert_eq!(ids.check_read(5, digest(b"five"), Some("n-5")), Ok(()));
         assert!(ids.acked.is_empty());
         // A sequence without an ack is remembered for the ack to come.
-        assert_eq!(ids.check_read(6, digest(b"six")), Ok(()));
+        assert_eq!(ids.check_read(6, digest(b"six"), Some("m-1")), Ok(()));
         assert_eq!(ids.read.get(&6), Some(&digest(b"six")));
         // Once diverged, every read is refused as such.
         ids.compare(7, &("n-7".into(), digest(b"seven")), digest(b"x"));
-        assert!(matches!(ids.check_read(8, 0), Err(ReadCheck::Diverged(_))));
+        assert!(matches!(
+            ids.check_read(8, 0, None),
+            Err(ReadCheck::Diverged(_))
+        ));
+    }
+
+    #[test]
+    fn an_id_read_again_at_another_sequence_is_read_again() {
+        let mut ids = Ids::default();
+        assert_eq!(ids.check_read(10, digest(b"b"), Some("m-7")), Ok(()));
+        // The same sequence read again (a reopened feed) is fine.
+        assert_eq!(ids.check_read(10, digest(b"b"), Some("m-7")), Ok(()));
+        // The same id at a later sequence: a copy holding an uncommitted duplicate.
+        let r = ids.check_read(11, digest(b"b"), Some("m-7"));
+        assert!(
+            matches!(&r, Err(ReadCheck::Reread(w)) if w.contains("m-7") && w.contains("10")),
+            "{r:?}"
+        );
+        assert!(ids.diverged.is_none());
+        assert_eq!(ids.check_read(11, digest(b"c"), Some("m-8")), Ok(()));
+        assert_eq!(ids.check_read(12, digest(b"d"), None), Ok(()));
+        // Bounded: the oldest ids are forgotten.
+        for i in 0..(ACKED_IDS_KEPT as u64 + 10) {
+            let id = format!("x-{i}");
+            assert_eq!(ids.check_read(100 + i, 0, Some(&id)), Ok(()));
+        }
+        assert_eq!(ids.seen.len(), ACKED_IDS_KEPT);
+        assert_eq!(ids.seen_order.len(), ACKED_IDS_KEPT);
     }
 
     #[test]
