@@ -396,6 +396,9 @@ pub struct StorageConfig {
     /// Page cache of the index (sled), in bytes: bounds the memory a large stream replay or
     /// many sessions take.
     pub index_cache_bytes: u64,
+    /// Sealed log segments whose files stay open for reads, at most (a least-recently-used
+    /// cache of file handles; the active segment and the one sealed last are open on top).
+    pub open_segments_max: usize,
 }
 
 impl Default for StorageConfig {
@@ -409,9 +412,15 @@ impl Default for StorageConfig {
             retention_interval_s: 60,
             truncate_corrupt: false,
             index_cache_bytes: 1024 * 1024,
+            open_segments_max: lanemq_store::OPEN_SEGMENTS_MAX_DEFAULT,
         }
     }
 }
+
+/// Largest `storage.open_segments_max` accepted: each open segment is a file descriptor, and
+/// more than this would compete with the connections for the open-files limit (a hard limit of
+/// 20,000 is common) while no reader needs that many segments at once.
+pub const OPEN_SEGMENTS_MAX_LIMIT: usize = 4096;
 
 /// Every problem found in a configuration, reported together.
 #[derive(Debug, thiserror::Error)]
@@ -568,6 +577,12 @@ impl Config {
         }
         if st.retention_interval_s == 0 {
             errors.push("storage.retention_interval_s: must be at least 1".to_string());
+        }
+        if !(1..=OPEN_SEGMENTS_MAX_LIMIT).contains(&st.open_segments_max) {
+            errors.push(format!(
+                "storage.open_segments_max: must be 1 to {OPEN_SEGMENTS_MAX_LIMIT} (sealed log segments kept open for reads; each is a file descriptor), not {}",
+                st.open_segments_max
+            ));
         }
         for (i, p) in self.lite.parents.iter().enumerate() {
             for e in p.validate() {
@@ -803,6 +818,39 @@ ttl_s = 0
         assert_eq!(c.mqtt.max_connections, 7);
         assert!(Config::from_toml("").is_ok());
         assert!(Config::from_toml(DEFAULT_CONFIG_TOML).is_ok());
+    }
+
+    #[test]
+    fn open_segments_max_is_bounded_before_start() {
+        assert_eq!(
+            Config::from_toml("").unwrap().storage.open_segments_max,
+            lanemq_store::OPEN_SEGMENTS_MAX_DEFAULT
+        );
+        assert_eq!(
+            Config::from_toml("[storage]\nopen_segments_max = 2\n")
+                .unwrap()
+                .storage
+                .open_segments_max,
+            2
+        );
+        for bad in ["0", "4097", "100000"] {
+            let errs = Config::from_toml(&format!("[storage]\nopen_segments_max = {bad}\n"))
+                .unwrap_err()
+                .0;
+            assert_eq!(errs.len(), 1, "{errs:?}");
+            assert!(
+                errs[0].starts_with("line 2: storage.open_segments_max: must be 1 to 4096")
+                    && errs[0].ends_with(&format!("not {bad}")),
+                "{errs:?}"
+            );
+        }
+        let errs = Config::from_toml("[storage]\nopen_segments_max = -1\n")
+            .unwrap_err()
+            .0;
+        assert!(
+            errs[0].starts_with("line 2: storage.open_segments_max: invalid value"),
+            "{errs:?}"
+        );
     }
 
     #[test]

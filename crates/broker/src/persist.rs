@@ -400,6 +400,7 @@ impl Persist {
         opts.retention_max_age =
             (cfg.retention_max_age_s > 0).then(|| Duration::from_secs(cfg.retention_max_age_s));
         opts.retention_max_bytes = (cfg.retention_max_bytes > 0).then_some(cfg.retention_max_bytes);
+        opts.open_segments_max = cfg.open_segments_max;
         let (store, report) = Store::open(opts)?;
         if let Some(cut) = &report.torn_tail {
             warn!(

@@ -2,6 +2,7 @@
 
 mod admin_client;
 mod alloc;
+mod disk_space;
 mod fd_limit;
 mod lanes_cli;
 mod streams_cli;
@@ -309,17 +310,23 @@ fn serve(args: ServeArgs) -> Result<()> {
             if after > before {
                 info!(from = before, to = after, "open files limit raised");
             }
-            let wanted = u64::try_from(config.mqtt.max_connections).unwrap_or(u64::MAX);
+            // Every connection is a descriptor, and so is every open log segment: the
+            // active one plus at most storage.open_segments_max sealed ones.
+            let wanted = u64::try_from(config.mqtt.max_connections)
+                .unwrap_or(u64::MAX)
+                .saturating_add(u64::try_from(config.storage.open_segments_max).unwrap_or(0));
             if after < wanted.saturating_add(64) {
                 warn!(
                     open_files_limit = after,
                     max_connections = config.mqtt.max_connections,
-                    "the open files limit (ulimit -Hn) is below mqtt.max_connections: connections beyond it are refused at accept"
+                    open_segments_max = config.storage.open_segments_max,
+                    "the open files limit (ulimit -Hn) is below mqtt.max_connections + storage.open_segments_max: connections beyond it are refused at accept"
                 );
             }
         }
         Err(e) => warn!(error = %e, "cannot raise the open files limit"),
     }
+    disk_space::check(&config.server.data_dir, &config.storage);
     alloc::configure();
     alloc::start_upkeep();
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -8,7 +8,9 @@
 //! [`FsyncPolicy`] (`docs/durability.md`). The first write or fsync error is sticky
 //! (fail-stop). Recovery cuts a torn tail and reports it; corruption before the tail is an
 //! error naming the segment and byte offset. Sealed segments carry a sparse `.idx` so open
-//! scans only the last segment.
+//! scans only the last segment. Only the active segment and the one sealed last keep their
+//! files open; older segments are opened on demand and kept in a bounded LRU of handles
+//! (`StoreOptions::open_segments_max`, module `files`).
 //!
 //! The **index** ([`Index`], sled 0.34) is one sled database whose named trees belong to the
 //! layers above (the broker's session trees, the stream and lite registries); each owner
@@ -22,6 +24,7 @@
 //! All file I/O goes through [`Fs`]/[`LogFile`]; [`MemFs`] injects faults and crashes.
 
 mod error;
+mod files;
 pub mod fs;
 mod index;
 mod log;
@@ -31,6 +34,7 @@ pub mod stats;
 mod verify;
 
 pub use error::{StoreError, TryAppendError};
+pub use files::OPEN_SEGMENTS_MAX_DEFAULT;
 pub use fs::{Faults, Fs, LogFile, MemFs, StdFs};
 pub use index::Index;
 pub use log::{

@@ -26,7 +26,11 @@
 //!   `committed_offset()` already covers it when the callback runs;
 //! - the first write or fsync error is sticky (fail-stop): queued and later records fail
 //!   with [`StoreError::Failed`]; nothing is reported durable after it;
-//! - only the last segment is written; sealed segments are fsynced and have a `.idx`.
+//! - only the last segment is written; sealed segments are fsynced and have a `.idx`;
+//! - only the last segment and the one sealed last hold their files open; older ones are
+//!   opened by the reads that need them, through a cache of at most `open_segments_max`
+//!   handles (`files.rs`); a read that finds the file of a segment retention deleted gone
+//!   reports `OffsetOutOfRange`, as for any deleted record.
 //!
 //! Callbacks run on the storage thread: they must be quick and must not block (send on a
 //! channel, complete a oneshot). A panicking callback is caught and logged.
@@ -41,6 +45,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::error::{StoreError, TryAppendError};
+use crate::files::{SegmentFiles, OPEN_SEGMENTS_MAX_DEFAULT};
 use crate::fs::{Fs, LogFile, StdFs};
 use crate::record::{self, IndexHint, PartialRecord, Record, RecordIn};
 use crate::segment::{self, Cursor, HeaderState, SegState, Segment, SEGMENT_HEADER_LEN};
@@ -100,6 +105,10 @@ pub struct StoreOptions {
     /// First offset of a log that has no segment yet (cluster mode: a node joining a
     /// cluster whose log no longer starts at 0). Ignored when segments exist. Default 0.
     pub base_offset: u64,
+    /// Sealed segments whose files are kept open for reads, at most (least recently used
+    /// closed first; the active segment and the one sealed last are open on top of these).
+    /// Default 64.
+    pub open_segments_max: usize,
 }
 
 impl StoreOptions {
@@ -119,6 +128,7 @@ impl StoreOptions {
             retention_max_age: None,
             retention_max_bytes: None,
             base_offset: 0,
+            open_segments_max: OPEN_SEGMENTS_MAX_DEFAULT,
         }
     }
 
@@ -137,6 +147,9 @@ impl StoreOptions {
         }
         if self.index_interval_bytes == 0 || self.read_buffer_bytes < 512 {
             return bad("index_interval_bytes must be positive and read_buffer_bytes >= 512");
+        }
+        if self.open_segments_max == 0 {
+            return bad("open_segments_max must be at least 1");
         }
         if let FsyncPolicy::Interval(d) = self.fsync {
             if d.is_zero() {
@@ -248,6 +261,8 @@ struct Shared {
     not_empty: Condvar,
     not_full: Condvar,
     segments: RwLock<Vec<Arc<Segment>>>,
+    /// Open handles of sealed segments (bounded LRU).
+    files: Arc<SegmentFiles>,
     /// Exclusive end of the records that met the fsync policy (readable).
     committed: AtomicU64,
     retention: Mutex<()>,
@@ -288,6 +303,21 @@ impl Shared {
         let i = segs.partition_point(|s| s.first_offset <= offset);
         // i >= 1 because offset >= first.
         Ok(segs[i.saturating_sub(1)].clone())
+    }
+
+    /// `e`, a failed read of `offset` in `seg`, as the caller should see it: once retention
+    /// deleted the segment, its file may be closed and gone, and the record is out of range
+    /// like any other deleted one.
+    fn read_error(&self, seg: &Segment, offset: u64, e: StoreError) -> StoreError {
+        if seg.is_deleted() {
+            StoreError::OffsetOutOfRange {
+                offset,
+                first: self.first_offset(),
+                next: self.committed.load(Ordering::Acquire),
+            }
+        } else {
+            e
+        }
     }
 }
 
@@ -351,13 +381,15 @@ impl Store {
         opts.validate()?;
         let started = Instant::now();
         let log_dir = opts.data_dir.join("log");
-        let (segments, mut report, last_ts) = recover(&*opts.fs, &log_dir, &opts)?;
+        let files = Arc::new(SegmentFiles::new(opts.fs.clone(), opts.open_segments_max));
+        let (segments, mut report, last_ts) = recover(&*opts.fs, &log_dir, &opts, &files)?;
         report.elapsed = started.elapsed();
         let tail = segments
             .last()
             .cloned()
             .ok_or_else(|| StoreError::InvalidOptions("recovery produced no segment".into()))?;
         let tail_state = tail.state();
+        let tail_file = tail.file()?;
         let next = tail_state.next_offset;
         let limits = Limits {
             fsync: opts.fsync,
@@ -382,6 +414,7 @@ impl Store {
             not_empty: Condvar::new(),
             not_full: Condvar::new(),
             segments: RwLock::new(segments),
+            files,
             committed: AtomicU64::new(next),
             retention: Mutex::new(()),
             stats: LogStats::default(),
@@ -390,6 +423,8 @@ impl Store {
             shared: shared.clone(),
             write_pos: tail_state.len,
             tail,
+            tail_file,
+            sealed_last: None,
             pending: Vec::new(),
             buf: Vec::new(),
             dirty: false,
@@ -711,9 +746,14 @@ impl Store {
         let sh = self.shared();
         let seg = sh.segment_for(offset)?;
         let path = seg.path.clone();
-        let mut c = Cursor::seek(seg, offset, sh.limits.index_interval_bytes as usize + 4096)?;
-        let pos = c.pos;
-        match c.next_raw()? {
+        let raw = Cursor::seek(
+            seg.clone(),
+            offset,
+            sh.limits.index_interval_bytes as usize + 4096,
+        )
+        .and_then(|mut c| Ok((c.pos, c.next_raw()?)));
+        let (pos, raw) = raw.map_err(|e| sh.read_error(&seg, offset, e))?;
+        match raw {
             Some(raw) => {
                 record::decode_record(raw).map_err(|why| StoreError::corrupt(path, pos, why))
             }
@@ -746,9 +786,14 @@ impl Store {
             if st.next_offset == seg.first_offset || st.max_ts < ts_us {
                 continue;
             }
-            let mut c = Cursor::seek_time(seg, ts_us, sh.limits.read_buffer_bytes)?;
-            if c.next_raw()?.is_some() {
-                return Ok(c.offset - 1);
+            let found = Cursor::seek_time(seg.clone(), ts_us, sh.limits.read_buffer_bytes)
+                .and_then(|mut c| Ok(c.next_raw()?.map(|_| c.offset - 1)));
+            match found {
+                Ok(Some(o)) => return Ok(o),
+                Ok(None) => {}
+                // Deleted by retention meanwhile: the answer is in a later segment.
+                Err(_) if seg.is_deleted() => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(sh.committed.load(Ordering::Acquire))
@@ -797,6 +842,18 @@ impl Store {
     /// Number of segment files.
     pub fn segment_count(&self) -> usize {
         self.shared().segments().len()
+    }
+
+    /// Sealed segments whose files were opened for reads and are open now (in the cache of at
+    /// most `open_segments_max`, or borrowed by a read in progress). The active segment's file
+    /// and the one sealed last are open on top of these.
+    pub fn open_segment_files(&self) -> usize {
+        self.shared().files.open_files()
+    }
+
+    /// Sealed segment files opened by reads since the store opened (cache misses).
+    pub fn segment_files_opened(&self) -> u64 {
+        self.shared().files.opened()
     }
 
     /// Blocks until everything appended before the call is written and fsynced, whatever
@@ -883,9 +940,15 @@ impl Store {
         report.blocked_by_pin = blocked;
         for s in victims {
             let st = s.state();
-            sh.fs
-                .remove(&s.path)
-                .map_err(|e| StoreError::io("remove segment", &s.path, e))?;
+            // Marked first: a read that misses the cache from now on reports the record gone.
+            s.set_deleted(true);
+            if let Err(e) = sh.fs.remove(&s.path) {
+                s.set_deleted(false);
+                return Err(StoreError::io("remove segment", &s.path, e));
+            }
+            // Close its handle (a read in progress keeps its own until it ends).
+            s.unpin();
+            sh.files.evict(s.first_offset);
             {
                 let mut segs = sh.segments.write().unwrap_or_else(|p| p.into_inner());
                 debug_assert!(segs.first().is_some_and(|f| Arc::ptr_eq(f, &s)));
@@ -943,18 +1006,24 @@ impl LogReader {
         loop {
             if self.cursor.is_none() {
                 let seg = self.shared.segment_for(self.next)?;
-                self.cursor = Some(Cursor::seek(
-                    seg,
-                    self.next,
-                    self.shared.limits.read_buffer_bytes,
-                )?);
+                let c = Cursor::seek(seg.clone(), self.next, self.shared.limits.read_buffer_bytes)
+                    .map_err(|e| self.shared.read_error(&seg, self.next, e))?;
+                self.cursor = Some(c);
             }
             let Some(c) = self.cursor.as_mut() else {
                 continue;
             };
             debug_assert_eq!(c.offset, self.next);
             let pos = c.pos;
-            match c.next_raw()? {
+            let raw = match c.next_raw() {
+                Ok(raw) => raw,
+                Err(e) => {
+                    let e = self.shared.read_error(&c.seg, self.next, e);
+                    self.cursor = None;
+                    return Err(e);
+                }
+            };
+            match raw {
                 Some(raw) => {
                     let path = &c.seg.path;
                     let rec = record::decode_record(raw)
@@ -1014,6 +1083,10 @@ impl Iterator for LogReader {
 struct Writer {
     shared: Arc<Shared>,
     tail: Arc<Segment>,
+    /// The tail's handle (the segment holds a clone for readers).
+    tail_file: Arc<dyn LogFile>,
+    /// The segment sealed last: it keeps its handle until the next roll.
+    sealed_last: Option<Arc<Segment>>,
     /// Bytes written to the tail file (>= its readable length).
     write_pos: u64,
     /// Records written but not yet readable: (offset, position, len, ts).
@@ -1107,8 +1180,7 @@ impl Writer {
 
     fn sync_tail(&mut self) -> Result<(), StoreError> {
         let t0 = Instant::now();
-        self.tail
-            .file
+        self.tail_file
             .sync_data()
             .map_err(|e| StoreError::io("fsync", &self.tail.path, e))?;
         self.shared.stats.fsynced(t0.elapsed());
@@ -1244,8 +1316,7 @@ impl Writer {
                 || self.write_pos == SEGMENT_HEADER_LEN,
             "segment_bytes_max is respected unless a record is alone in its segment"
         );
-        self.tail
-            .file
+        self.tail_file
             .write_all_at(&self.buf, self.write_pos)
             .map_err(|e| StoreError::io("write", &self.tail.path, e))?;
         self.write_pos += self.buf.len() as u64;
@@ -1292,13 +1363,19 @@ impl Writer {
             &segment::encode_idx(self.tail.first_offset, &st),
         )?;
         let first = st.next_offset;
-        let seg = create_segment(fs, dir, first)?;
+        let (seg, file) = create_segment(fs, dir, first, &self.shared.files)?;
         self.shared
             .segments
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .push(seg.clone());
-        self.tail = seg;
+        // The segment sealed before this one closes its file (reads reopen it through the
+        // cache); this one keeps it until the next roll, for the readers of the tail.
+        let sealed = std::mem::replace(&mut self.tail, seg);
+        if let Some(older) = self.sealed_last.replace(sealed) {
+            older.unpin();
+        }
+        self.tail_file = file;
         self.write_pos = SEGMENT_HEADER_LEN;
         tracing::debug!(first, "log segment rolled");
         Ok(())
@@ -1315,8 +1392,14 @@ fn fail_items(items: Vec<Item>, e: &StoreError) {
     }
 }
 
-/// Creates a segment file with its header, durably (file fsync + directory fsync).
-fn create_segment(fs: &dyn Fs, dir: &Path, first: u64) -> Result<Arc<Segment>, StoreError> {
+/// Creates a segment file with its header, durably (file fsync + directory fsync); returns
+/// the (active) segment and its handle.
+fn create_segment(
+    fs: &dyn Fs,
+    dir: &Path,
+    first: u64,
+    files: &Arc<SegmentFiles>,
+) -> Result<(Arc<Segment>, Arc<dyn LogFile>), StoreError> {
     let path = dir.join(segment::segment_file_name(first));
     let file = fs
         .open(&path, true)
@@ -1329,16 +1412,18 @@ fn create_segment(fs: &dyn Fs, dir: &Path, first: u64) -> Result<Arc<Segment>, S
         .map_err(|e| StoreError::io("fsync", &path, e))?;
     fs.sync_dir(dir)
         .map_err(|e| StoreError::io("fsync directory", dir, e))?;
-    Ok(Arc::new(Segment {
-        first_offset: first,
+    let seg = Segment::active(
+        first,
         path,
-        file,
-        state: RwLock::new(SegState {
+        file.clone(),
+        SegState {
             next_offset: first,
             len: SEGMENT_HEADER_LEN,
             ..SegState::default()
-        }),
-    }))
+        },
+        Some(files.clone()),
+    );
+    Ok((Arc::new(seg), file))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1406,10 +1491,14 @@ fn trusted_state(fs: &dyn Fs, idx: Option<&PathBuf>, first: u64, len: u64) -> Op
     }
 }
 
+/// Checks the segments of `dir` in order. Each one's handle is closed as soon as the next one
+/// is checked, so at most two files are open however long the log is; the last segment keeps
+/// its handle (it is the active one).
 fn recover(
     fs: &dyn Fs,
     dir: &Path,
     opts: &StoreOptions,
+    files: &Arc<SegmentFiles>,
 ) -> Result<(Vec<Arc<Segment>>, RecoveryReport, u64), StoreError> {
     fs.create_dir_all(dir)
         .map_err(|e| StoreError::io("create directory", dir, e))?;
@@ -1487,16 +1576,17 @@ fn recover(
                         .map_err(|e| StoreError::io("write", &path, e))?;
                     file.sync_data()
                         .map_err(|e| StoreError::io("fsync", &path, e))?;
-                    segments.push(Arc::new(Segment {
-                        first_offset: first,
+                    segments.push(Arc::new(Segment::active(
+                        first,
                         path,
                         file,
-                        state: RwLock::new(SegState {
+                        SegState {
                             next_offset: first,
                             len: SEGMENT_HEADER_LEN,
                             ..SegState::default()
-                        }),
-                    }));
+                        },
+                        Some(files.clone()),
+                    )));
                     cut_rest_from = Some(i + 1);
                 } else {
                     cut_rest_from = Some(i);
@@ -1566,12 +1656,16 @@ fn recover(
                 scan.state
             }
         };
-        segments.push(Arc::new(Segment {
-            first_offset: first,
+        if let Some(prev) = segments.last() {
+            prev.unpin();
+        }
+        segments.push(Arc::new(Segment::active(
+            first,
             path,
             file,
-            state: RwLock::new(state),
-        }));
+            state,
+            Some(files.clone()),
+        )));
         if cut_rest_from.is_some() {
             break;
         }
@@ -1586,7 +1680,7 @@ fn recover(
             .map_err(|e| StoreError::io("fsync directory", dir, e))?;
     }
     if segments.is_empty() {
-        segments.push(create_segment(fs, dir, opts.base_offset)?);
+        segments.push(create_segment(fs, dir, opts.base_offset, files)?.0);
     }
     // The last segment is written to again: its .idx (if a crash left one) is stale. Also
     // drop .idx files of segments that no longer exist.

@@ -17,13 +17,19 @@
 //! The sparse index holds one entry (offset, byte position, timestamp) every
 //! `index_interval_bytes` of records, always including the first record, so a read seeks
 //! to the nearest entry and scans at most one interval.
+//!
+//! Only the active segment and the one sealed last hold their files open; an older segment's
+//! file is opened on demand and kept in the log's bounded cache of handles ([`crate::files`]),
+//! so the open files do not grow with the number of segments.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 
 use crate::error::StoreError;
+use crate::files::SegmentFiles;
 use crate::fs::{Fs, LogFile};
 use crate::record::{self, Peek, RECORD_HEADER_LEN, RECORD_MAGIC};
 
@@ -174,19 +180,88 @@ impl SegState {
 }
 
 /// A segment of the open log.
+///
+/// The active (last) segment, and the one sealed last, hold their files open; an older one
+/// asks the log's [`SegmentFiles`] cache for it at every read (`crate::files` has the rules).
 #[derive(Debug)]
 pub struct Segment {
     /// Offset of its first record (also in its name and header).
     pub first_offset: u64,
     /// Path of the `.seg` file.
     pub path: PathBuf,
-    /// Open handle (read by readers, written by the storage thread when last).
-    pub file: Arc<dyn LogFile>,
+    /// The handle held while the segment is active (written by the storage thread, read by
+    /// readers of the tail) and while it is the segment sealed last; `None` after that.
+    pinned: RwLock<Option<Arc<dyn LogFile>>>,
+    /// Where a sealed segment's handle comes from (`None` for a standalone segment of the
+    /// offline tools, which stays pinned).
+    files: Option<Arc<SegmentFiles>>,
+    /// Set by retention before it removes the file.
+    deleted: AtomicBool,
     /// Readable state.
     pub state: RwLock<SegState>,
 }
 
 impl Segment {
+    /// A segment whose handle stays open until [`Segment::unpin`]: the active one, or a
+    /// standalone segment (`files` `None`).
+    pub fn active(
+        first_offset: u64,
+        path: PathBuf,
+        file: Arc<dyn LogFile>,
+        state: SegState,
+        files: Option<Arc<SegmentFiles>>,
+    ) -> Segment {
+        Segment {
+            first_offset,
+            path,
+            pinned: RwLock::new(Some(file)),
+            files,
+            deleted: AtomicBool::new(false),
+            state: RwLock::new(state),
+        }
+    }
+
+    /// The segment's file: the pinned handle while active, else the cache's (opened again
+    /// if it was closed).
+    pub fn file(&self) -> Result<Arc<dyn LogFile>, StoreError> {
+        if let Some(f) = &*self.pinned.read().unwrap_or_else(|p| p.into_inner()) {
+            return Ok(f.clone());
+        }
+        let Some(files) = &self.files else {
+            return Err(StoreError::io(
+                "open",
+                &self.path,
+                std::io::Error::other("segment closed"),
+            ));
+        };
+        files
+            .get(self.first_offset, &self.path)
+            .map_err(|e| StoreError::io("open", &self.path, e))
+    }
+
+    /// Drops the pinned handle (the file closes once the writer and any read in progress
+    /// dropped their clones); later reads open it through the cache. Called on the segment
+    /// sealed before the last one, and by retention on a segment it deletes. No-op for a
+    /// segment without a cache (a standalone one stays pinned).
+    pub fn unpin(&self) {
+        if self.files.is_some() {
+            self.pinned
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+        }
+    }
+
+    /// Retention is deleting the file: reads that cannot reopen it report the record gone.
+    pub fn set_deleted(&self, deleted: bool) {
+        self.deleted.store(deleted, Ordering::Release);
+    }
+
+    /// True once retention deleted (or is deleting) the file.
+    pub fn is_deleted(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
     /// Snapshot of the readable state.
     pub fn state(&self) -> SegState {
         self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -568,8 +643,9 @@ impl Cursor {
                 // A huge record passed through: give the memory back.
                 self.buf.shrink_to(read_len.max(self.buffer_bytes));
             }
+            // Borrowed for this read only: a cursor pins no file between fills.
             self.seg
-                .file
+                .file()?
                 .read_exact_at(&mut self.buf, pos)
                 .map_err(|e| StoreError::io("read", &self.seg.path, e))?;
             self.buf_start = pos;

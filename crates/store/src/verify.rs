@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use crate::error::StoreError;
 use crate::fs::{Fs, StdFs};
@@ -322,12 +322,13 @@ fn walk_with(
         }
         // A scan without records decoded gives the readable extent; then a cursor reads.
         let scan = segment::scan(&*file, path, first, len, 4096, false, false)?;
-        let seg = Arc::new(Segment {
-            first_offset: first,
-            path: path.clone(),
+        let seg = Arc::new(Segment::active(
+            first,
+            path.clone(),
             file,
-            state: RwLock::new(scan.state.clone()),
-        });
+            scan.state.clone(),
+            None,
+        ));
         if scan.state.next_offset <= from {
             continue;
         }
