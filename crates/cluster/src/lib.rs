@@ -435,6 +435,10 @@ struct Ids {
     /// [`ACKED_IDS_KEPT`], oldest first in `seen_order`).
     seen: std::collections::HashMap<String, u64>,
     seen_order: std::collections::VecDeque<String>,
+    /// This node's message ids JetStream acknowledged, with their sequence (the newest
+    /// [`ACKED_IDS_KEPT`], oldest first in `acked_order`).
+    acked_ids: std::collections::HashMap<String, u64>,
+    acked_order: std::collections::VecDeque<String>,
     /// The first disagreement seen, for the reader to stop on.
     diverged: Option<String>,
 }
@@ -459,6 +463,15 @@ impl Ids {
         // JetStream stores one message per id (its duplicate window is longer than a
         // publish is retried): an id read a second time, at another sequence, comes from a
         // copy of the stream that holds a message the stream never committed there.
+        if let Some(&at) = id.and_then(|id| self.acked_ids.get(id)) {
+            if at != seq {
+                return Err(ReadCheck::Reread(format!(
+                    "at stream sequence {seq} the feed gave this node's message {}, which \
+                     JetStream stored at sequence {at}",
+                    id.unwrap_or_default()
+                )));
+            }
+        }
         if let Some(id) = id {
             match self.seen.get(id) {
                 Some(&first) if first != seq => {
@@ -484,6 +497,34 @@ impl Ids {
             Ids::keep(&mut self.read);
         }
         Ok(())
+    }
+
+    /// JetStream acknowledged this node's message `id` (id, digest) at `seq`.
+    fn acked(&mut self, seq: u64, id: (String, u64)) {
+        // Read (and applied) already at another sequence: that copy was not the committed one.
+        if let Some(&at) = self.seen.get(&id.0) {
+            if at != seq && self.diverged.is_none() {
+                self.diverged = Some(format!(
+                    "this node applied its message {} at stream sequence {at}, read from a copy \
+                     of the log, but JetStream stored it at sequence {seq}",
+                    id.0
+                ));
+            }
+        }
+        self.acked_ids.insert(id.0.clone(), seq);
+        self.acked_order.push_back(id.0.clone());
+        while self.acked_order.len() > ACKED_IDS_KEPT {
+            if let Some(old) = self.acked_order.pop_front() {
+                self.acked_ids.remove(&old);
+            }
+        }
+        match self.read.remove(&seq) {
+            Some(read) => self.compare(seq, &id, read),
+            None => {
+                self.acked.insert(seq, id);
+                Ids::keep(&mut self.acked);
+            }
+        }
     }
 
     fn compare(&mut self, seq: u64, acked: &(String, u64), read: u64) {
@@ -1385,16 +1426,10 @@ fn finish(
         Ok((seq, id)) => {
             link.acked
                 .fetch_max(seq, std::sync::atomic::Ordering::Relaxed);
-            {
-                let mut ids = link.ids.lock().unwrap_or_else(|e| e.into_inner());
-                match ids.read.remove(&seq) {
-                    Some(read) => ids.compare(seq, &id, read),
-                    None => {
-                        ids.acked.insert(seq, id);
-                        Ids::keep(&mut ids.acked);
-                    }
-                }
-            }
+            link.ids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .acked(seq, id);
             for (index, done) in dones {
                 done(Ok(Ack { seq, index }));
             }
@@ -1547,6 +1582,32 @@ mod tests {
         }
         assert_eq!(ids.seen.len(), ACKED_IDS_KEPT);
         assert_eq!(ids.seen_order.len(), ACKED_IDS_KEPT);
+    }
+
+    #[test]
+    fn this_nodes_message_read_at_another_sequence_than_acked() {
+        // The ack first: the copy that holds it elsewhere is read again.
+        let mut ids = Ids::default();
+        ids.acked(9916, ("n-1975".into(), digest(b"mine")));
+        let r = ids.check_read(9915, digest(b"mine"), Some("n-1975"));
+        assert!(
+            matches!(&r, Err(ReadCheck::Reread(w)) if w.contains("9916")),
+            "{r:?}"
+        );
+        assert_eq!(ids.check_read(9915, digest(b"other"), Some("m-3")), Ok(()));
+        assert_eq!(
+            ids.check_read(9916, digest(b"mine"), Some("n-1975")),
+            Ok(())
+        );
+        assert!(ids.diverged.is_none());
+        // The read first (applied), the ack after names another sequence: diverged.
+        let mut ids = Ids::default();
+        assert_eq!(
+            ids.check_read(9915, digest(b"mine"), Some("n-1975")),
+            Ok(())
+        );
+        ids.acked(9916, ("n-1975".into(), digest(b"mine")));
+        assert!(ids.diverged.as_deref().is_some_and(|w| w.contains("9915")));
     }
 
     #[test]
