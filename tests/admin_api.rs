@@ -818,12 +818,21 @@ async fn put_stream_replaces_the_mutable_fields_and_refuses_the_fixed_ones() {
     assert_eq!(v["key_expression"], "message.from");
     assert_eq!(v["limits"]["max_message_count"], "infinity");
 
-    let refused: &[(Value, &str)] = &[
+    // A fixed field that differs conflicts with the stream as it is: 409.
+    for (body, needle) in [
         (json!({ "topic_filter": "other/#" }), "topic_filter"),
         (
             json!({ "topic_filter": "u/#", "is_lastvalue": true }),
             "is_lastvalue",
         ),
+    ] {
+        let (status, e) = api
+            .call("PUT", "/api/v5/stream/upd", Some(body.clone()))
+            .await;
+        let msg = assert_error(status, &e, 409, "CONFLICT");
+        assert!(msg.contains(needle), "{body}: {msg:?} lacks {needle:?}");
+    }
+    let refused: &[(Value, &str)] = &[
         (
             json!({ "name": "renamed", "topic_filter": "u/#" }),
             "cannot be renamed",
@@ -1673,7 +1682,7 @@ async fn lanemq_streams_cli_update_merges_flags_over_the_current_definition() {
     let err = b
         .cli_err(&["update", "cli-up", "--filter", "other/#"])
         .await;
-    assert!(err.contains("HTTP 400 BAD_REQUEST"), "{err}");
+    assert!(err.contains("HTTP 409 CONFLICT"), "{err}");
 }
 
 /// `GET /api/v5/clients` (EMQX shape) lists real sessions with their username, address and

@@ -471,3 +471,58 @@ async fn publishes_before_a_subscribe_on_one_connection_take_effect_first() {
         );
     }
 }
+
+/// A topic filter deeper than `mqtt.max_topic_levels` (128) is refused with 0x8F, shared or
+/// not; one at the limit works end to end. Before the limit a filter of 65,535 levels (valid
+/// MQTT) was accepted and removing it overflowed the broker's stack.
+#[tokio::test]
+async fn a_filter_deeper_than_max_topic_levels_is_refused_and_one_at_it_works() {
+    let srv = TestServer::default().await;
+    let mut c = srv.v5("deep").await;
+    let at_limit = vec!["d"; 128].join("/");
+    let over = vec!["d"; 129].join("/");
+    let huge = "/".repeat(65_534); // 65,535 empty levels: one valid filter of 64 KiB
+    let shared = format!("$share/g/{over}");
+    let ack = c
+        .subscribe_with(
+            &[
+                (over.as_str(), opts(QoS::AtLeastOnce)),
+                (huge.as_str(), opts(QoS::AtLeastOnce)),
+                (shared.as_str(), opts(QoS::AtLeastOnce)),
+                (at_limit.as_str(), opts(QoS::AtLeastOnce)),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(
+        ack.reason_codes,
+        vec![
+            rc::TOPIC_FILTER_INVALID,
+            rc::TOPIC_FILTER_INVALID,
+            rc::TOPIC_FILTER_INVALID,
+            1
+        ]
+    );
+    let mut p = srv.v5("deep-pub").await;
+    let pid = p.next_pid();
+    p.publish_acked(publish(&at_limit, QoS::AtLeastOnce, pid, b"deep"))
+        .await;
+    match c.recv().await {
+        Packet::Publish(m) => {
+            assert_eq!(m.topic, at_limit);
+            assert_eq!(&m.payload[..], b"deep");
+            c.send(Packet::PubAck(lanemq_protocol::PubResp::new(
+                m.packet_id,
+                0,
+            )))
+            .await;
+        }
+        other => panic!("expected the PUBLISH, got {other:?}"),
+    }
+    c.unsubscribe(&huge).await;
+    c.unsubscribe(&at_limit).await;
+    c.disconnect().await;
+    // The broker still serves.
+    let mut again = srv.v5("deep-again").await;
+    again.subscribe("x/y", QoS::AtMostOnce).await;
+}

@@ -318,6 +318,10 @@ pub struct MqttConfig {
     pub deny_subscribe_reason_code: u8,
     /// Response Information returned when a client asks for it; `{client_id}` is substituted.
     pub response_information: Option<String>,
+    /// Most levels a SUBSCRIBE topic filter may have (after `$share/<group>/`); a deeper one
+    /// is refused with 0x8F (Topic Filter invalid; 3.1.1: 0x80). The subscription tree is
+    /// walked level by level: this bounds its depth.
+    pub max_topic_levels: u16,
 }
 
 impl Default for MqttConfig {
@@ -343,6 +347,7 @@ impl Default for MqttConfig {
             retain_available: true,
             deny_subscribe: Vec::new(),
             deny_subscribe_reason_code: 0x87,
+            max_topic_levels: 128,
             response_information: None,
         }
     }
@@ -525,6 +530,9 @@ impl Config {
                 "mqtt.maximum_qos: {} is not a QoS (0, 1 or 2)",
                 m.maximum_qos
             ));
+        }
+        if m.max_topic_levels == 0 {
+            errors.push("mqtt.max_topic_levels: must be at least 1".to_string());
         }
         if m.deny_subscribe_reason_code < 0x80 {
             errors.push(format!(

@@ -37,6 +37,23 @@ impl Conn {
                 });
                 continue;
             }
+            if inner
+                .split('/')
+                .nth(usize::from(cfg.max_topic_levels))
+                .is_some()
+            {
+                let shown: String = f.filter.chars().take(64).collect();
+                reasons.push(format!(
+                    "{shown}...: more than {} topic levels (mqtt.max_topic_levels)",
+                    cfg.max_topic_levels
+                ));
+                codes.push(if v5 {
+                    rc::TOPIC_FILTER_INVALID
+                } else {
+                    rc::UNSPECIFIED_ERROR
+                });
+                continue;
+            }
             if !self.allowed(Action::Subscribe, &f.filter) {
                 codes.push(if v5 {
                     rc::NOT_AUTHORIZED

@@ -829,6 +829,29 @@ fn suback() {
     protocol(&[0x90, 3, 0, 3, 0], V5);
 }
 
+/// A Reason String longer than a string can hold (it may quote a 64 KiB filter) is cut at a
+/// character boundary, and the packet stays well formed.
+#[test]
+fn an_overlong_reason_string_is_cut_to_fit() {
+    let long = "é".repeat(40_000); // 80,000 bytes
+    let p = Packet::SubAck(SubAck {
+        packet_id: 7,
+        reason_codes: vec![0x8F],
+        properties: AckProperties {
+            reason_string: Some(long.clone()),
+            ..Default::default()
+        },
+    });
+    let bytes = enc(&p, V5);
+    assert_eq!(bytes.len(), encoded_len(&p, V5));
+    let Packet::SubAck(a) = dec(&bytes, V5).unwrap().unwrap() else {
+        panic!("not a SUBACK")
+    };
+    let got = a.properties.reason_string.unwrap();
+    assert_eq!(got.len(), 65_534); // 32,767 two-byte characters
+    assert!(long.starts_with(&got));
+}
+
 // ---------------------------------------------------------------- UNSUBSCRIBE / UNSUBACK
 
 #[test]

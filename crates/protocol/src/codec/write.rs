@@ -65,6 +65,18 @@ pub(super) trait Sink {
             self.str(v);
         }
     }
+    /// A Reason String: the server's own diagnostic, cut at a character boundary to what a
+    /// string can hold (it may quote client input, such as a 64 KiB topic filter).
+    fn p_reason(&mut self, v: &Option<String>) {
+        if let Some(v) = v {
+            let mut end = v.len().min(usize::from(u16::MAX));
+            while !v.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.u8(REASON_STRING);
+            self.str(&v[..end]);
+        }
+    }
     fn p_bin(&mut self, id: u8, v: &Option<bytes::Bytes>) {
         if let Some(v) = v {
             self.u8(id);
@@ -183,7 +195,7 @@ impl Props for ConnAckProperties {
         s.p_u32(MAXIMUM_PACKET_SIZE, self.maximum_packet_size);
         s.p_str(ASSIGNED_CLIENT_IDENTIFIER, &self.assigned_client_identifier);
         s.p_u16(TOPIC_ALIAS_MAXIMUM, self.topic_alias_maximum);
-        s.p_str(REASON_STRING, &self.reason_string);
+        s.p_reason(&self.reason_string);
         s.p_users(&self.user_properties);
         s.p_bool(
             WILDCARD_SUBSCRIPTION_AVAILABLE,
@@ -240,7 +252,7 @@ fn publish_props<S: Sink>(
 
 impl Props for AckProperties {
     fn emit<S: Sink>(&self, s: &mut S) {
-        s.p_str(REASON_STRING, &self.reason_string);
+        s.p_reason(&self.reason_string);
         s.p_users(&self.user_properties);
     }
 }
@@ -264,7 +276,7 @@ impl Props for UserProperties {
 impl Props for DisconnectProperties {
     fn emit<S: Sink>(&self, s: &mut S) {
         s.p_u32(SESSION_EXPIRY_INTERVAL, self.session_expiry_interval);
-        s.p_str(REASON_STRING, &self.reason_string);
+        s.p_reason(&self.reason_string);
         s.p_users(&self.user_properties);
         s.p_str(SERVER_REFERENCE, &self.server_reference);
     }
@@ -274,7 +286,7 @@ impl Props for AuthProperties {
     fn emit<S: Sink>(&self, s: &mut S) {
         s.p_str(AUTHENTICATION_METHOD, &self.authentication_method);
         s.p_bin(AUTHENTICATION_DATA, &self.authentication_data);
-        s.p_str(REASON_STRING, &self.reason_string);
+        s.p_reason(&self.reason_string);
         s.p_users(&self.user_properties);
     }
 }
