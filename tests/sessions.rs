@@ -305,6 +305,23 @@ async fn mqtt5_3_1_3_2_2_will_delay_cancelled_by_reconnect() {
     c.disconnect().await;
 }
 
+/// A new connection for the client id cancels a delayed will even when it starts a new session
+/// (Clean Start 1) [MQTT-3.1.2-8] (mosquitto's `07-will-delay-recover`).
+#[tokio::test]
+async fn mqtt5_3_1_2_8_will_delay_cancelled_by_a_clean_start_reconnect() {
+    let srv = TestServer::default().await;
+    let mut w = watcher(&srv, "willcs/#").await;
+    let mut c = conn("wcs", Some(30), true);
+    c.will = Some(will("willcs/wcs", "never", Some(1)));
+    let c = RawClient::connect_ok(srv.addr, c).await;
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (c, ack) = RawClient::connect_ack(srv.addr, conn("wcs", Some(30), true)).await;
+    assert!(!ack.session_present);
+    w.expect_nothing(1_500).await;
+    c.disconnect().await;
+}
+
 #[tokio::test]
 async fn mqtt5_3_1_2_5_will_delay_bounded_by_session_expiry() {
     let srv = TestServer::default().await;

@@ -432,6 +432,7 @@ impl Broker {
             }
             map.remove(client_id);
             drop(map);
+            existing.lock().replaced = true;
             self.end_session(&existing);
             map = self.sessions_lock();
         }

@@ -152,6 +152,9 @@ pub struct SessionState {
     pub kick: Option<Kick>,
     /// Set once the session has ended; pushes are then ignored.
     pub ended: bool,
+    /// Ended because a new connection for its client id started a new session (Clean Start,
+    /// or nothing to resume): that connection cancels a delayed will [MQTT-3.1.2-8].
+    pub replaced: bool,
     pub protocol: ProtocolVersion,
     /// Session Expiry Interval in seconds (u32::MAX: never).
     pub expiry_s: u32,
@@ -246,6 +249,7 @@ impl Session {
                 connected: false,
                 kick: None,
                 ended: false,
+                replaced: false,
                 protocol,
                 expiry_s: 0,
                 subscriptions: LazyMap::new(),

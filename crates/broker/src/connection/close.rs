@@ -164,7 +164,7 @@ impl Conn {
                 st.waker = None;
                 (true, false, st.expiry_s)
             } else {
-                (false, !st.ended, 0)
+                (false, !st.ended || st.replaced, 0)
             }
         };
         // A new connection to this session (a take-over, or a reconnect that came before
@@ -222,9 +222,11 @@ impl Conn {
             let client_id = self.client_id.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_secs(u64::from(delay))).await;
+                // A new connection for the client id, resuming this session or starting a
+                // new one, cancels the will [MQTT-3.1.2-8].
                 let reconnected = {
                     let st = session.lock();
-                    st.generation != generation || st.connected
+                    st.generation != generation || st.connected || st.replaced
                 };
                 if !reconnected {
                     publish_will(&broker, &client_id, *will);

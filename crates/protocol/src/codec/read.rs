@@ -65,7 +65,11 @@ fn check_first_byte(first: u8) -> Result<()> {
                 Ok(())
             }
         }
-        6 | 8 | 10 if flags != 0b0010 => Err(Malformed("reserved fixed header flags must be 0010")),
+        // MQTT 3.1 lets a resent PUBREL, SUBSCRIBE or UNSUBSCRIBE carry DUP (1010); 3.1.1 and
+        // 5 do not ([`decode`] checks that with the version).
+        6 | 8 | 10 if flags != 0b0010 && flags != 0b1010 => {
+            Err(Malformed("reserved fixed header flags must be 0010"))
+        }
         6 | 8 | 10 => Ok(()),
         _ if flags != 0 => Err(Malformed("reserved fixed header flags must be 0000")),
         _ => Ok(()),
@@ -89,6 +93,12 @@ pub fn decode(
     let packet_type = h.first >> 4;
     if packet_type == 15 && !version.is_v5() {
         return Err(Malformed("AUTH packet in MQTT 3.1.1"));
+    }
+    if matches!(packet_type, 6 | 8 | 10)
+        && h.first & 0x0f != 0b0010
+        && version != ProtocolVersion::V31
+    {
+        return Err(Malformed("reserved fixed header flags must be 0010"));
     }
     let total = h.header_len + h.remaining;
     if max_packet_size != 0 && total > max_packet_size as usize {

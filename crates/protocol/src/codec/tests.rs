@@ -131,6 +131,24 @@ fn reserved_flag_bits() {
     malformed(&[0xC1], V5);
 }
 
+/// MQTT 3.1 sets DUP on a resent PUBREL, SUBSCRIBE or UNSUBSCRIBE (flags 1010); 3.1.1 and 5
+/// refuse it (mosquitto's `03-publish-c2b-disconnect-qos2`, protocol level 3).
+#[test]
+fn dup_on_pubrel_subscribe_unsubscribe_only_in_3_1() {
+    let pubrel = [0x6A, 0x02, 0x00, 0x01];
+    let sub = [0x8A, 0x06, 0x00, 0x01, 0x00, 0x01, b'a', 0x01];
+    let unsub = [0xAA, 0x05, 0x00, 0x01, 0x00, 0x01, b'a'];
+    assert!(matches!(ok(&pubrel, V31), Packet::PubRel(_)));
+    assert!(matches!(ok(&sub, V31), Packet::Subscribe(_)));
+    assert!(matches!(ok(&unsub, V31), Packet::Unsubscribe(_)));
+    for v in [V5, V311] {
+        malformed(&pubrel, v);
+        malformed(&sub, v);
+        malformed(&unsub, v);
+    }
+    malformed(&[0x6E, 0x02, 0x00, 0x01], V31); // 1110: QoS 3
+}
+
 #[test]
 fn auth_in_v311_is_malformed() {
     malformed(&[0xF0, 0x00], V311);
