@@ -472,15 +472,15 @@ async fn publishes_before_a_subscribe_on_one_connection_take_effect_first() {
     }
 }
 
-/// A topic filter deeper than `mqtt.max_topic_levels` (128) is refused with 0x8F, shared or
+/// A topic filter deeper than `mqtt.max_topic_levels` (256) is refused with 0x8F, shared or
 /// not; one at the limit works end to end. Before the limit a filter of 65,535 levels (valid
 /// MQTT) was accepted and removing it overflowed the broker's stack.
 #[tokio::test]
 async fn a_filter_deeper_than_max_topic_levels_is_refused_and_one_at_it_works() {
     let srv = TestServer::default().await;
     let mut c = srv.v5("deep").await;
-    let at_limit = vec!["d"; 128].join("/");
-    let over = vec!["d"; 129].join("/");
+    let at_limit = vec!["d"; 256].join("/");
+    let over = vec!["d"; 257].join("/");
     let huge = "/".repeat(65_534); // 65,535 empty levels: one valid filter of 64 KiB
     let shared = format!("$share/g/{over}");
     let ack = c

@@ -347,7 +347,7 @@ impl Default for MqttConfig {
             retain_available: true,
             deny_subscribe: Vec::new(),
             deny_subscribe_reason_code: 0x87,
-            max_topic_levels: 128,
+            max_topic_levels: 256,
             response_information: None,
         }
     }
