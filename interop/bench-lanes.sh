@@ -83,20 +83,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-  python3 - "$1" <<'PY'
-import socket, sys, time
-t0 = time.monotonic()
-while time.monotonic() - t0 < 120:
-    try:
-        socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2).close()
-        sys.exit(0)
-    except OSError:
-        time.sleep(0.01)
-sys.exit(1)
-PY
-}
+. "$ROOT/interop/bench-lib.sh"
 config() { # [nolite]
   {
     printf '[server]\nsys_interval_s = 0\nacl_file = "%s/allow.acl"\n' "$TMP"
